@@ -1,0 +1,90 @@
+"""Counter-based randomness for the random-selection control (SPEC 2).
+
+The control must be reproducible bit for bit from the seed and must not depend on
+the order in which windows, layers, heads or queries are processed (so that shards
+of a data-parallel run merge into the tables of a single run). A stateful
+``torch.Generator`` per (seed, window, layer, head, t, k) would need a Python loop
+over heads and queries; instead every key position j gets a 63-bit pseudo-random
+sort key that is a pure function of (seed, window, layer, head, t, k, j). Sorting
+the keys of a query's universe gives a uniformly random permutation of it, the
+"permutation drawn from a generator seeded by (seed, window, layer, head, t, k)".
+
+The hash is Chris Wellons' ``lowbias32`` integer finaliser, evaluated in int64 with
+every product kept below 2**63 (no reliance on signed overflow), chained over the
+coordinates; two independent chains give the high and low halves of the key.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_M32 = 0xFFFFFFFF
+_C1 = 0x7FEB352D
+_C2 = 0x846CA68B
+_GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x * c) mod 2**32 for 0 <= x < 2**32, without int64 overflow."""
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return ((lo * c) + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def hash32(x: Tensor) -> Tensor:
+    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, _C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _C2)
+    x = x ^ (x >> 16)
+    return x
+
+
+def _fold(value: int) -> int:
+    """Fold an arbitrary Python int (negative or wider than 32 bits) into 32 bits."""
+    value = int(value) & ((1 << 64) - 1)
+    return (value ^ (value >> 32)) & _M32
+
+
+def _combine(state: Tensor, coord: Tensor) -> Tensor:
+    return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
+
+
+def permutation_keys(
+    seed: int,
+    window: int,
+    layer: int,
+    heads: Tensor,
+    positions: Tensor,
+    repeats: int,
+    num_keys: int,
+) -> Tensor:
+    """Sort keys of the random control, shape (repeats, len(heads), len(positions), num_keys).
+
+    ``heads`` are query-head indices and ``positions`` the query positions t. Sorting
+    a row's keys ascending (over the keys in its universe) gives repeat k's random
+    order; its first N entries are the random set of size N, so sets are nested in N.
+
+    >>> k = permutation_keys(0, 0, 0, torch.tensor([0]), torch.tensor([4]), 1, 5)
+    >>> sorted(torch.argsort(k[0, 0, 0]).tolist())
+    [0, 1, 2, 3, 4]
+    """
+    device = heads.device
+    heads = heads.to(torch.int64).reshape(1, -1, 1, 1)
+    positions = positions.to(device=device, dtype=torch.int64).reshape(1, 1, -1, 1)
+    ks = torch.arange(repeats, dtype=torch.int64, device=device).reshape(-1, 1, 1, 1)
+    js = torch.arange(num_keys, dtype=torch.int64, device=device).reshape(1, 1, 1, -1)
+    halves = []
+    for salt in (0x243F6A88, 0x85A308D3):
+        state = torch.tensor(_fold(seed) ^ salt, dtype=torch.int64, device=device)
+        for scalar in (window, layer):
+            state = _combine(state, torch.tensor(_fold(scalar), dtype=torch.int64, device=device))
+        state = _combine(state, heads & _M32)
+        state = _combine(state, positions & _M32)
+        state = _combine(state, ks)
+        state = _combine(state, js)
+        halves.append(state)
+    return (halves[0] << 31) | (halves[1] >> 1)
