@@ -1,1 +1,39 @@
-"""attngeom.capture"""
+"""attngeom.capture: the only code that knows transformers (STYLE layout).
+
+Loading (``load_model``), the attention layout (``model_layout``), the
+registered attention + mask function (``override_attention``), capture of
+probabilities and value states (``capture_attention``, SPEC 1 and 8), the head
+output projections interventions hook into (``attention_output_projections``,
+SPEC 6) and the load-time self-checks (``check_model``). transformers itself is
+imported only when one of these is called.
+"""
+
+from attngeom.capture.capture import LayerCapture, capture_attention
+from attngeom.capture.checks import CheckReport, check_model
+from attngeom.capture.interface import (
+    IMPLEMENTATION_NAME,
+    AttentionCall,
+    override_attention,
+    repeat_kv,
+)
+from attngeom.capture.layout import Layout, attention_output_projections, model_layout
+from attngeom.capture.loading import load_model
+from attngeom.capture.tolerances import TOLERANCES, Tolerance, tolerance_for
+
+__all__ = [
+    "IMPLEMENTATION_NAME",
+    "TOLERANCES",
+    "AttentionCall",
+    "CheckReport",
+    "LayerCapture",
+    "Layout",
+    "Tolerance",
+    "attention_output_projections",
+    "capture_attention",
+    "check_model",
+    "load_model",
+    "model_layout",
+    "override_attention",
+    "repeat_kv",
+    "tolerance_for",
+]

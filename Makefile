@@ -1,0 +1,38 @@
+# attngeom: `make demo` runs the default study, `make test` the test suite.
+# Both create .venv on first use. TORCH_SPEC picks the torch build; the default
+# is the CPU wheel this project's machines carry (see README, "Installing").
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint install browser bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: install
+	$(BIN)/attngeom demo --out runs/demo
+
+browser:
+	bash scripts/install_browser.sh
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+
+test: install browser lint
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/bench_analysis.py
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,405 @@
+"""The Python API: every command of the CLI is one function here, usable from notebooks.
+
+Each function takes plain values (or a configuration object), returns pandas
+DataFrames (inside a small result object), and writes a results directory when
+given ``out``. The CLI only parses arguments and calls these.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attngeom.errors import ConfigError, RunDirError
+from attngeom.pipeline.config import AnalysisConfig, default_corpus, default_model, shared_assets
+from attngeom.pipeline.run import AnalysisResult, label_of, run_analysis
+
+__all__ = [
+    "AnalysisConfig",
+    "AnalysisResult",
+    "InterventionResult",
+    "analyze",
+    "check",
+    "compare",
+    "demo",
+    "prune",
+    "report",
+    "restrict",
+    "scan_heads",
+]
+
+
+def analyze(
+    model: str | None = None,
+    corpus: str | None = None,
+    out: str | Path | None = None,
+    *,
+    config: AnalysisConfig | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    **options,
+) -> AnalysisResult:
+    """Top-N geometry, sink, taxonomy, bounds and diagnostics of a model on a corpus.
+
+    ``options`` are ``AnalysisConfig`` fields (window_length, n_windows, n_grid,
+    query_mode, rules, distances, repeats, seed, device, dtype, ...).
+
+    >>> res = analyze(n_windows=2, window_length=32, progress=False)  # doctest: +SKIP
+    >>> res["summary"].query("scope == 'model' and metric == 'f_score'")  # doctest: +SKIP
+    """
+    if config is None:
+        config = AnalysisConfig(**_fill(options, model, corpus))
+    elif options or model or corpus:
+        config = config.with_(**_fill(options, model, corpus, keep_default=False))
+    return run_analysis(config, out, overwrite=overwrite, progress=progress)
+
+
+def _fill(options: dict, model, corpus, keep_default: bool = True) -> dict:
+    opts = dict(options)
+    if model is not None:
+        opts["model"] = model
+    elif keep_default:
+        opts.setdefault("model", default_model())
+    if corpus is not None:
+        opts["corpus"] = corpus
+    elif keep_default:
+        opts.setdefault("corpus", default_corpus())
+    return opts
+
+
+def report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report/index.html`` (figures and tables of whatever the run holds)."""
+    from attngeom.report import build_report
+
+    return build_report(Path(run_dir))
+
+
+def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float32") -> dict:
+    """Run the load-time self-checks on a model (probabilities, masks, logits, gates)."""
+    from attngeom.capture import check_model, load_model
+    from attngeom.interventions.gates import check_gates
+
+    m, tok = load_model(model or default_model(), device=device, dtype=dtype)
+    rep = check_model(m, tok)
+    check_gates(m)
+    return {"model": model or default_model(), "report": rep, "gates": "ok"}
+
+
+@dataclass
+class InterventionResult:
+    """Tables of an intervention command, and where they were written."""
+
+    tables: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+    out_dir: Path | None = None
+
+    def __getitem__(self, name: str):
+        return self.tables[name]
+
+
+@dataclass(frozen=True)
+class _Setup:
+    model: object
+    tokenizer: object
+    layout: object
+    rank_ids: object
+    eval_ids: object
+    rank_windows: list
+    eval_windows: list
+    config: AnalysisConfig
+
+
+def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) -> _Setup:
+    import torch
+
+    from attngeom.capture import load_model, model_layout
+    from attngeom.pipeline.analysis import check_window_fits
+    from attngeom.pipeline.run import load_windows
+
+    if n_eval < 1 or n_rank < 0:
+        raise ConfigError(f"expected n_eval_windows >= 1 and n_rank_windows >= 0, got {n_eval}, {n_rank}")
+    config = AnalysisConfig(
+        model=model or default_model(), corpus=corpus or default_corpus(),
+        window_length=window_length, n_windows=n_rank + n_eval, seed=seed,
+        device=device, dtype=dtype,
+    )
+    m, tok = load_model(config.model, device=device, dtype=dtype)
+    layout = model_layout(m)
+    if not layout.is_causal:
+        raise ConfigError(f"{layout.model_class} is not a causal LM: perplexity needs one")
+    check_window_fits(window_length, layout)
+    windows, _info = load_windows(config, tok)
+    if len(windows) < n_rank + n_eval:
+        raise ConfigError(
+            f"corpus gives {len(windows)} windows of {window_length} tokens; "
+            f"{n_rank} ranking + {n_eval} evaluation windows were asked for"
+        )
+    rank, ev = windows[:n_rank], windows[n_rank : n_rank + n_eval]
+    stack = (lambda ws: torch.stack([w.input_ids for w in ws]) if ws else None)
+    return _Setup(m, tok, layout, stack(rank), stack(ev), [w.index for w in rank],
+                  [w.index for w in ev], config)
+
+
+def _write(out, command: str, fingerprint_cfg: dict, tables: dict, overwrite: bool, s: _Setup,
+           timings: dict) -> tuple[Path | None, dict]:
+    from attngeom.pipeline.run import model_identity
+    from attngeom.results.io import prepare_run_dir, write_manifest, write_table
+    from attngeom.results.manifest import build_manifest, config_fingerprint
+
+    manifest = build_manifest(
+        command=command, config=fingerprint_cfg,
+        model_info=model_identity(s.config.model, s.model, s.layout),
+        corpus_info={"name": s.config.corpus, "window_length": s.config.window_length,
+                     "rank_windows": s.rank_windows, "eval_windows": s.eval_windows},
+        seed=s.config.seed, timings=timings,
+        tables={name: f"{name}.parquet" for name in tables}, counts={},
+    )
+    if out is None:
+        return None, manifest
+    out = prepare_run_dir(out, command=command, fingerprint=config_fingerprint(fingerprint_cfg),
+                          overwrite=overwrite)
+    for name, df in tables.items():
+        write_table(out, name, df)
+    write_manifest(out, manifest)
+    return out, manifest
+
+
+def _label(df, s: _Setup):
+    df = df.copy()
+    df.insert(0, "corpus", label_of(s.config.corpus))
+    df.insert(0, "model", label_of(s.config.model))
+    return df
+
+
+def _check_out(out, overwrite: bool, command: str, cfg: dict) -> None:
+    """Refuse a directory holding another run before any model work."""
+    if out is None:
+        return
+    from attngeom.results.io import prepare_run_dir
+    from attngeom.results.manifest import config_fingerprint
+
+    prepare_run_dir(out, command=command, fingerprint=config_fingerprint(cfg), overwrite=overwrite)
+
+
+def prune(
+    model: str | None = None,
+    corpus: str | None = None,
+    out: str | Path | None = None,
+    *,
+    rankers=("taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity"),
+    keep_fractions=(1.0, 0.9, 0.75, 0.5, 0.25),
+    seeds=(0, 1, 2),
+    orders=None,
+    window_length: int = 128,
+    n_rank_windows: int = 8,
+    n_eval_windows: int = 8,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    overwrite: bool = False,
+) -> InterventionResult:
+    """Keep-fraction pruning sweep per ranker (SPEC 6); ranking and evaluation windows are disjoint."""
+    from attngeom.interventions.rankers import RANKERS
+    from attngeom.interventions.sweeps import prune_sweep
+
+    rankers = tuple(rankers)
+    bad = [r for r in rankers if r not in RANKERS]
+    if bad:
+        raise ConfigError(f"rankers: expected names among {', '.join(RANKERS)}, got {', '.join(bad)}")
+    fracs = tuple(float(f) for f in keep_fractions)
+    if any(not (0.0 < f <= 1.0) for f in fracs):
+        raise ConfigError(f"keep fractions: expected values in (0, 1], got {list(fracs)}")
+    cfg = {"model": model or default_model(), "corpus": corpus or default_corpus(),
+           "rankers": list(rankers), "keep_fractions": list(fracs), "seeds": list(seeds),
+           "orders": orders, "window_length": window_length, "n_rank_windows": n_rank_windows,
+           "n_eval_windows": n_eval_windows, "seed": seed}
+    _check_out(out, overwrite, "prune", cfg)
+    t0 = time.perf_counter()
+    s = _setup(model, corpus, window_length, n_rank_windows, n_eval_windows, device, dtype, seed)
+    if n_rank_windows < 1:
+        raise ConfigError("prune: expected n_rank_windows >= 1 (rankers need their own windows)")
+    taxonomy = None
+    if "taxonomy" in rankers:
+        tax = run_analysis(
+            s.config.with_(n_windows=n_rank_windows, start_window=0, analyses=("taxonomy",),
+                           query_mode="all"),
+            None, progress=False, model_and_tokenizer=(s.model, s.tokenizer),
+        )
+        taxonomy = tax["taxonomy"]
+    pruning, rankings = prune_sweep(
+        s.model, s.rank_ids, s.eval_ids, rank_windows=s.rank_windows,
+        eval_windows=s.eval_windows, rankers=rankers, keep_fractions=fracs,
+        seeds=tuple(seeds), taxonomy=taxonomy, orders=orders,
+    )
+    tables = {"pruning": _label(pruning, s), "rankings": _label(rankings, s)}
+    if taxonomy is not None:
+        tables["taxonomy"] = taxonomy
+    out_dir, manifest = _write(out, "prune", cfg, tables, True, s,
+                               {"total_s": time.perf_counter() - t0})
+    return InterventionResult(tables, manifest, out_dir)
+
+
+def scan_heads(
+    model: str | None = None,
+    corpus: str | None = None,
+    out: str | Path | None = None,
+    *,
+    threshold: float = 0.05,
+    window_length: int = 128,
+    n_eval_windows: int = 8,
+    device: str = "cpu",
+    dtype: str = "float32",
+    overwrite: bool = False,
+) -> InterventionResult:
+    """Remove each head alone and report relative delta-NLL; critical heads above ``threshold``."""
+    from attngeom.interventions.sweeps import scan_heads as _scan
+
+    if not threshold > 0:
+        raise ConfigError(f"threshold: expected a positive relative delta-NLL, got {threshold}")
+    cfg = {"model": model or default_model(), "corpus": corpus or default_corpus(),
+           "threshold": threshold, "window_length": window_length,
+           "n_eval_windows": n_eval_windows}
+    _check_out(out, overwrite, "scan-heads", cfg)
+    t0 = time.perf_counter()
+    s = _setup(model, corpus, window_length, 0, n_eval_windows, device, dtype, 0)
+    df = _scan(s.model, s.eval_ids, threshold=threshold)
+    tables = {"head_scan": _label(df, s)}
+    out_dir, manifest = _write(out, "scan-heads", cfg, tables, True, s,
+                               {"total_s": time.perf_counter() - t0})
+    return InterventionResult(tables, manifest, out_dir)
+
+
+def restrict(
+    model: str | None = None,
+    corpus: str | None = None,
+    out: str | Path | None = None,
+    *,
+    n_grid=(1, 2, 4, 8, 16, 32, 64),
+    scopes=("model",),
+    layers=None,
+    heads=None,
+    renormalize=(True, False),
+    taus=(0.01, 0.05, 0.10),
+    window_length: int = 128,
+    n_eval_windows: int = 8,
+    device: str = "cpu",
+    dtype: str = "float32",
+    overwrite: bool = False,
+) -> InterventionResult:
+    """Top-N attention restriction: delta-NLL per N and the effective set size N*_tau (SPEC 6)."""
+    from attngeom.interventions.sweeps import restrict_sweep
+
+    grid = tuple(int(n) for n in n_grid)
+    if not grid or min(grid) < 1:
+        raise ConfigError(f"n_grid: expected integers >= 1, got {list(grid)}")
+    cfg = {"model": model or default_model(), "corpus": corpus or default_corpus(),
+           "n_grid": list(grid), "scopes": list(scopes), "layers": layers, "heads": heads,
+           "renormalize": list(renormalize), "taus": list(taus),
+           "window_length": window_length, "n_eval_windows": n_eval_windows}
+    _check_out(out, overwrite, "restrict", cfg)
+    t0 = time.perf_counter()
+    s = _setup(model, corpus, window_length, 0, n_eval_windows, device, dtype, 0)
+    res, nstar = restrict_sweep(
+        s.model, s.eval_ids, grid, scopes=tuple(scopes), renormalize=tuple(renormalize),
+        taus=tuple(taus), layers=layers, heads=heads,
+    )
+    tables = {"restrict": _label(res, s), "restrict_nstar": _label(nstar, s)}
+    out_dir, manifest = _write(out, "restrict", cfg, tables, True, s,
+                               {"total_s": time.perf_counter() - t0})
+    return InterventionResult(tables, manifest, out_dir)
+
+
+@dataclass
+class Comparison:
+    """Regime stability between two runs (SPEC 4)."""
+
+    agreement: float
+    kappa: float
+    n_heads: int
+    excluded: int
+    confusion: object
+    merged: object
+
+    def __str__(self) -> str:
+        return (
+            f"heads compared: {self.n_heads} (excluded: {self.excluded})\n"
+            f"same regime: {self.agreement:.1%}   Cohen's kappa: {self.kappa:.3f}\n"
+            f"{self.confusion.to_string()}"
+        )
+
+
+def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
+    """How stable the Retriever/Mixer/Reset regimes are between two runs."""
+    import pandas as pd
+
+    from attngeom.core.agreement import regime_agreement
+    from attngeom.results.io import read_manifest, read_table
+
+    runs = []
+    for run in (run_a, run_b):
+        manifest = read_manifest(run)
+        if "taxonomy" not in manifest.get("tables", {}):
+            raise RunDirError(f"{run} has no taxonomy table; run 'attngeom analyze' with taxonomy")
+        runs.append((manifest, read_table(run, "taxonomy")))
+    (ma, ta), (mb, tb) = runs
+    ida, idb = ma.get("model", {}), mb.get("model", {})
+    if (ida.get("sha256"), ida.get("class"), ida.get("num_layers"), ida.get("num_heads")) != (
+        idb.get("sha256"), idb.get("class"), idb.get("num_layers"), idb.get("num_heads")
+    ):
+        raise RunDirError(
+            f"{run_a} and {run_b} analyse different models ({ida.get('name')} vs "
+            f"{idb.get('name')}); compare needs runs of the same model"
+        )
+    merged = ta[["layer", "head", "regime"]].merge(
+        tb[["layer", "head", "regime"]], on=["layer", "head"], suffixes=("_a", "_b")
+    )
+    agr = regime_agreement(list(merged["regime_a"]), list(merged["regime_b"]))
+    confusion = agr["confusion"]
+    if not isinstance(confusion, pd.DataFrame):
+        confusion = pd.DataFrame(confusion)
+    return Comparison(
+        agreement=float(agr["agreement"]), kappa=float(agr["kappa"]),
+        n_heads=int(agr["n_heads"]), excluded=int(agr["excluded"]),
+        confusion=confusion, merged=merged,
+    )
+
+
+def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> dict:
+    """The default study: stories260K on the shared TinyStories and WikiText samples.
+
+    Writes two analysis runs, their comparison, a head scan and a short pruning
+    sweep, and one HTML report per analysis run; returns the paths and the headline
+    F_N table.
+    """
+    from attngeom.pipeline.tables import headline
+
+    out = Path(out)
+    corpora = {
+        "tinystories": default_corpus(),
+        "wikitext": str(shared_assets() / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt"),
+    }
+    n_windows = 8 if quick else 48
+    results = {}
+    for name, path in corpora.items():
+        cfg = AnalysisConfig(
+            corpus=path, n_windows=n_windows, window_length=256, query_mode="stride:16",
+            corpus_label=name,
+        )
+        results[name] = run_analysis(cfg, out / name, overwrite=True, progress=progress)
+    comparison = compare(out / "tinystories", out / "wikitext")
+    scan = scan_heads(out=out / "scan", n_eval_windows=4 if quick else 8, overwrite=True)
+    pruned = prune(
+        out=out / "prune", rankers=("taxonomy", "magnitude", "random"),
+        seeds=(0, 1) if quick else (0, 1, 2), n_rank_windows=4 if quick else 8,
+        n_eval_windows=4 if quick else 8, overwrite=True,
+    )
+    reports = {name: report(out / name) for name in corpora}
+    return {
+        "runs": {name: r.out_dir for name, r in results.items()},
+        "headline": {name: headline(r["summary"]) for name, r in results.items()},
+        "comparison": comparison,
+        "head_scan": scan,
+        "pruning": pruned,
+        "reports": reports,
+    }

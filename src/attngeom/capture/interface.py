@@ -1,0 +1,374 @@
+"""Register, don't patch: one attention function and its mask function (STYLE habit 5).
+
+transformers routes every attention call of a modern model through
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` and builds the mask
+with ``ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation]``. Registering
+one name in *both* interfaces and switching the model to it with
+``model.set_attn_implementation`` is therefore enough to see, and to change,
+every layer's query, key and value states, with no assignment into a model
+class or module. The mask function matters: a name missing from the mask
+interface makes transformers build no mask at all, and the model silently runs
+non-causal.
+
+The function registered here is a dispatcher. ``override_attention(model,
+handler)`` puts ``handler`` on a stack keyed by the model's attention modules
+(and its config, for the mask), switches the model to the registered name, and
+restores the previous implementation on exit. The handler receives an
+``AttentionCall`` and can ask it for the output the model's previous
+implementation would give (``previous()``, e.g. sdpa) or for the family's own
+eager function on any subset of query rows (``eager(rows)``), so scaling,
+softcapping, sliding windows and GQA are exactly the model's (SPEC 1, SPEC 8).
+
+The registration itself is global and permanent (transformers has no
+unregister); a registered but unused name changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attngeom.capture.architectures import (
+    attention_modules,
+    family_eager_function,
+    model_class_name,
+)
+from attngeom.errors import ModelError
+
+IMPLEMENTATION_NAME = "attngeom"
+# Mask formats the registered mask function can delegate to unchanged: the
+# output of the previous implementation is then computed from exactly the mask
+# it would have built itself. Any other implementation (flash, flex) gets a
+# materialised boolean mask and its output falls back to the eager function.
+_DELEGATED_MASKS = ("sdpa", "eager")
+
+AttentionOutput = tuple[torch.Tensor, torch.Tensor | None]
+Handler = Callable[["AttentionCall"], AttentionOutput]
+
+
+@dataclass
+class _Override:
+    """One active ``override_attention`` on one model."""
+
+    handler: Handler
+    layers: dict[int, int]  # id(attention module) -> layer index
+    previous: str  # the implementation the model had on entry
+    base: str  # the first implementation below any attngeom override
+    below: _Override | None  # the enclosing override of the same model, if nested
+    calls: int = 0
+
+
+# id(attention module) -> stack of overrides; id(config) -> stack of overrides.
+_BY_MODULE: dict[int, list[_Override]] = {}
+_BY_CONFIG: dict[int, list[_Override]] = {}
+_REGISTERED = False
+
+
+def _min_value(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).min
+
+
+def _rows_index(rows: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if rows is None else rows.to(device=device, dtype=torch.long)
+
+
+@dataclass
+class AttentionCall:
+    """One layer's attention call, as the model made it.
+
+    ``query`` (B, H, Q, d), ``key`` and ``value`` (B, G, T, d) (before
+    ``repeat_kv``), ``attention_mask`` the mask the model built (boolean for
+    sdpa, additive for eager, or ``None`` where sdpa relies on ``is_causal``),
+    ``kwargs`` the rest of the interface arguments (``scaling``, ``dropout``,
+    ``softcap``, ``sliding_window``, ...).
+    """
+
+    module: torch.nn.Module
+    layer: int
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: torch.Tensor | None
+    kwargs: dict[str, Any]
+    _override: _Override = field(repr=False)
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.query.shape[2])
+
+    @property
+    def num_keys(self) -> int:
+        return int(self.key.shape[2])
+
+    @property
+    def is_causal(self) -> bool:
+        """Causality as sdpa would read it: the call's ``is_causal``, else the module's."""
+        flag = self.kwargs.get("is_causal")
+        if flag is None:
+            flag = getattr(self.module, "is_causal", True)
+        return bool(flag)
+
+    def visible(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Key visibility (B, 1 or H, Q', T) bool, from the mask the model built.
+
+        Rows of the model's own mask (sliced to ``rows`` when given). Where the
+        model built no mask (sdpa's causal or bidirectional skip), visibility is
+        the pattern sdpa applies instead: causal aligned to the last key, or all.
+        """
+        mask = self.attention_mask
+        t, q = self.num_keys, self.num_queries
+        device = self.query.device
+        if mask is None:
+            if self.is_causal:
+                positions = torch.arange(q, device=device) + (t - q)
+                vis = torch.arange(t, device=device)[None, :] <= positions[:, None]
+            else:
+                vis = torch.ones(q, t, dtype=torch.bool, device=device)
+            vis = vis[None, None].expand(self.query.shape[0], 1, q, t)
+        elif mask.dtype == torch.bool:
+            vis = mask[..., :t]
+        else:
+            vis = mask[..., :t] > _min_value(mask.dtype) / 2
+        index = _rows_index(rows, device)
+        if index is not None and vis.shape[2] != 1:
+            vis = vis.index_select(2, index)
+        return vis
+
+    def additive_mask(self, rows: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The mask in the eager function's additive format (0 or dtype min), rows sliced.
+
+        A boolean mask becomes ``where(mask, 0, finfo(dtype).min)``, exactly what
+        transformers' ``eager_mask`` builds; an additive mask is used as it is.
+        """
+        mask = self.attention_mask
+        index = _rows_index(rows, self.query.device)
+        if mask is None:
+            if not self.is_causal:
+                return None
+            vis = self.visible(rows)
+        elif mask.dtype == torch.bool:
+            vis = mask if index is None or mask.shape[2] == 1 else mask.index_select(2, index)
+        else:
+            if index is None or mask.shape[2] == 1:
+                return mask
+            return mask.index_select(2, index)
+        zero = torch.zeros((), dtype=self.query.dtype, device=vis.device)
+        return torch.where(vis, zero, _min_value(self.query.dtype))
+
+    def eager(self, rows: torch.Tensor | None = None) -> AttentionOutput:
+        """The family's own eager attention on query ``rows`` (all when ``None``).
+
+        Returns ``(output (B, Q', H, d), probabilities (B, H, Q', T))``. Slicing
+        queries and mask rows together gives the same rows the full eager call
+        gives (SPEC 8, "probabilities only where analysed").
+        """
+        function = family_eager_function(self.module)
+        index = _rows_index(rows, self.query.device)
+        query = self.query if index is None else self.query.index_select(2, index)
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "is_causal"}
+        return function(
+            self.module, query, self.key, self.value, self.additive_mask(rows), **kwargs
+        )
+
+    @property
+    def previous_is_eager(self) -> bool:
+        """True when ``previous()`` is (or falls back to) the family's eager function."""
+        prev = self._override.previous
+        if prev == IMPLEMENTATION_NAME:
+            return False
+        return not (prev == "sdpa" and self.kwargs.get("softcap") is None)
+
+    def previous(self) -> AttentionOutput:
+        """The output of the implementation the model had before this override.
+
+        sdpa is called with the mask it built itself; a nested attngeom override
+        hands the call to the enclosing handler; eager, and anything that cannot
+        reproduce the model here (flash or flex with a materialised mask, sdpa
+        with softcapping), runs the family's eager function.
+        """
+        prev = self._override.previous
+        if prev == IMPLEMENTATION_NAME and self._override.below is not None:
+            below = self._override.below
+            call = AttentionCall(
+                self.module,
+                self.layer,
+                self.query,
+                self.key,
+                self.value,
+                self.attention_mask,
+                self.kwargs,
+                below,
+            )
+            return below.handler(call)
+        if not self.previous_is_eager:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            function = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            return function(
+                self.module, self.query, self.key, self.value, self.attention_mask, **self.kwargs
+            )
+        return self.eager()
+
+
+def _attention_function(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> AttentionOutput:
+    """The function registered in ``AttentionInterface``: hands the call to the active handler."""
+    stack = _BY_MODULE.get(id(module))
+    if not stack:
+        raise ModelError(
+            f"{type(module).__name__}: attention implementation {IMPLEMENTATION_NAME!r} "
+            "called outside attngeom.capture.override_attention; set the model back "
+            "to 'sdpa' or 'eager'"
+        )
+    for active in stack:  # every enclosing override of this model was reached too
+        active.calls += 1
+    override = stack[-1]
+    call = AttentionCall(
+        module, override.layers[id(module)], query, key, value, attention_mask, kwargs, override
+    )
+    return override.handler(call)
+
+
+def _mask_function(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The function registered in ``AttentionMaskInterface`` under the same name.
+
+    Builds the mask the model's previous implementation would have built (so its
+    output is reproduced exactly); for implementations whose mask is not a
+    dense tensor, a materialised boolean mask.
+    """
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    config = kwargs.get("config")
+    stack = _BY_CONFIG.get(id(config)) if config is not None else None
+    base = stack[-1].base if stack else None
+    if base in _DELEGATED_MASKS:
+        return ALL_MASK_ATTENTION_FUNCTIONS[base](*args, **kwargs)
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention_interface() -> str:
+    """Register the dispatcher and its mask function under one name (idempotent)."""
+    global _REGISTERED
+    if not _REGISTERED:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(IMPLEMENTATION_NAME, _attention_function)
+        AttentionMaskInterface.register(IMPLEMENTATION_NAME, _mask_function)
+        _REGISTERED = True
+    return IMPLEMENTATION_NAME
+
+
+def _set_implementation(model: torch.nn.Module, name: str) -> None:
+    model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
+        raise ModelError(
+            f"{model_class_name(model)} does not let transformers switch its attention "
+            f"implementation (asked for {name!r}, still "
+            f"{model.config._attn_implementation!r}); expected a model whose attention "
+            "goes through transformers' AttentionInterface"
+        )
+
+
+@contextlib.contextmanager
+def override_attention(model: torch.nn.Module, handler: Handler) -> Iterator[None]:
+    """Route every attention call of ``model`` to ``handler`` inside the context.
+
+    ``handler(call: AttentionCall) -> (output (B, Q, H, d), weights or None)``
+    replaces the attention function. On exit the model's previous attention
+    implementation is restored, so its outputs are bit-identical to before
+    (STYLE habit 6). Overrides nest: an inner handler's ``call.previous()`` is
+    the enclosing handler. A forward in which no layer reached the handler
+    raises ``ModelError`` naming the model class (its attention bypasses the
+    interface).
+
+    >>> def handler(call):                                # doctest: +SKIP
+    ...     return call.previous()
+    >>> with override_attention(model, handler):          # doctest: +SKIP
+    ...     model(input_ids)
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise ModelError(
+            f"{model_class_name(model)}: expected a transformers PreTrainedModel, got "
+            "a plain module"
+        )
+    modules = attention_modules(model)
+    for m in modules:
+        family_eager_function(m)
+    name = register_attention_interface()
+    previous = model.config._attn_implementation
+    config_stack = _BY_CONFIG.setdefault(id(model.config), [])
+    below = config_stack[-1] if previous == name and config_stack else None
+    base = below.base if below is not None else previous
+    override = _Override(
+        handler=handler,
+        layers={id(m): i for i, m in enumerate(modules)},
+        previous=previous,
+        base=base,
+        below=below,
+    )
+
+    def after_forward(*_: Any) -> None:
+        if override.calls == 0:
+            raise ModelError(
+                f"{model_class_name(model)}: no attention layer called the registered "
+                "attention function; expected a model whose attention goes through "
+                "transformers' AttentionInterface"
+            )
+        override.calls = 0
+
+    def before_forward(*_: Any) -> None:
+        override.calls = 0
+
+    pushed: list[int] = []
+    hooks = []
+    try:
+        for m in modules:
+            _BY_MODULE.setdefault(id(m), []).append(override)
+            pushed.append(id(m))
+        config_stack.append(override)
+        if previous != name:
+            _set_implementation(model, name)
+        hooks.append(model.register_forward_pre_hook(before_forward))
+        hooks.append(model.register_forward_hook(after_forward))
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        if previous != name and model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+        if config_stack and config_stack[-1] is override:
+            config_stack.pop()
+        if not config_stack:
+            _BY_CONFIG.pop(id(model.config), None)
+        for key in pushed:
+            stack = _BY_MODULE.get(key, [])
+            if stack and stack[-1] is override:
+                stack.pop()
+            if not stack:
+                _BY_MODULE.pop(key, None)
+
+
+def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, G, T, d) -> (B, G * groups, T, d): kv head g serves query heads g*groups..
+
+    The GQA layout of SPEC's notation (query head h reads kv head h // groups).
+    """
+    if groups == 1:
+        return states
+    b, g, t, d = states.shape
+    return states[:, :, None].expand(b, g, groups, t, d).reshape(b, g * groups, t, d)

@@ -1,0 +1,295 @@
+"""Streaming state of the top-N geometry: per-window sums and counts (SPEC 2, "Aggregation").
+
+The math lives in ``geometry.topn_metrics`` (and ``bounds``); this object only keeps
+the sufficient statistics of each (window, layer, rule, variant, distance): sums of
+every metric over valid (query, repeat) entries and their counts, per head and N.
+Query chunks of one window add up; shards of a run (disjoint windows) merge by
+adding, so a merged accumulator equals one that saw every window (ROADMAP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attngeom.core.batch import AttentionBatch
+from attngeom.core.geometry import DISTANCES, METRICS, RULES, TopNMetrics, topn_metrics
+from attngeom.errors import ConfigError
+
+VARIANTS = ("full", "no_sink")
+BOUND_COLUMNS = (
+    "precision_bound", "recall_bound", "f_bound", "precision_inv_bound", "recall_inv_bound",
+)
+SINK_EFFECT_COLUMNS = (
+    "f_full_sink_selected", "f_full_sink_unselected",
+    "f_nosink_sink_selected", "f_nosink_sink_unselected",
+)
+
+
+@dataclass(frozen=True)
+class TopNConfig:
+    """What the geometry pass computes; see SPEC 2 for every choice."""
+
+    n_grid: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    rules: tuple[str, ...] = ("attention", "contribution", "random")
+    distances: tuple[str, ...] = ("euclidean",)
+    variants: tuple[str, ...] = VARIANTS
+    repeats: int = 16
+    seed: int = 0
+    bounds: bool = True
+
+    def __post_init__(self) -> None:
+        for name, given, allowed in (
+            ("rules", self.rules, RULES),
+            ("distances", self.distances, DISTANCES),
+            ("variants", self.variants, VARIANTS),
+        ):
+            bad = [x for x in given if x not in allowed]
+            if bad or not given:
+                raise ConfigError(
+                    f"{name}: expected a non-empty subset of {', '.join(allowed)}, got {list(given)}"
+                )
+        if self.repeats < 1:
+            raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats}")
+        if not self.n_grid or min(self.n_grid) < 1:
+            raise ConfigError(f"n_grid: expected integers >= 1, got {list(self.n_grid)}")
+
+
+@dataclass
+class _Cell:
+    """Sums over valid entries, per head and N (all (H, NN) float64 on the CPU)."""
+
+    sums: dict[str, Tensor]
+    counts: Tensor
+    entries: Tensor
+    bound_counts: Tensor | None = None
+    nonfinite_rows: int = 0
+
+    def add(self, other: _Cell) -> None:
+        for name, value in other.sums.items():
+            self.sums[name] = self.sums[name] + value if name in self.sums else value.clone()
+        self.counts = self.counts + other.counts
+        self.entries = self.entries + other.entries
+        if other.bound_counts is not None:
+            self.bound_counts = (
+                other.bound_counts.clone()
+                if self.bound_counts is None
+                else self.bound_counts + other.bound_counts
+            )
+        self.nonfinite_rows += other.nonfinite_rows
+
+
+def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dims)
+
+
+@dataclass
+class TopNAccumulator:
+    """Accumulates SPEC 2 metrics (and the SPEC 5 per-query bounds) window by window."""
+
+    config: TopNConfig = field(default_factory=TopNConfig)
+    cells: dict[tuple[int, int, str, str, str], _Cell] = field(default_factory=dict)
+    sink_effect: dict[tuple[int, int], dict[str, Tensor]] = field(default_factory=dict)
+    num_heads: int | None = None
+
+    def update(self, batch: AttentionBatch) -> None:
+        cfg = self.config
+        self.num_heads = batch.num_heads
+        constants = None
+        results: dict[tuple[str, str, str], TopNMetrics] = {}
+        for variant in cfg.variants:
+            for rule in cfg.rules:
+                for distance in cfg.distances:
+                    res = topn_metrics(
+                        batch.alpha, None, cfg.n_grid, rule=rule, distance=distance,
+                        visible=batch.visible, exclude_sink=variant == "no_sink",
+                        query_positions=batch.query_positions, repeats=cfg.repeats,
+                        seed=cfg.seed, window=batch.window, layer=batch.layer,
+                        stats=batch.stats,
+                    )
+                    results[(variant, rule, distance)] = res
+                    cell = self._cell(res)
+                    if cfg.bounds and distance == "euclidean":
+                        if constants is None:
+                            constants = _window_constants(batch)
+                        self._add_bounds(cell, res, batch, variant, constants)
+                    key = (batch.window, batch.layer, rule, variant, distance)
+                    if key in self.cells:
+                        self.cells[key].add(cell)
+                    else:
+                        self.cells[key] = cell
+        full = results.get(("full", "attention", "euclidean"))
+        nosink = results.get(("no_sink", "attention", "euclidean"))
+        if full is not None and nosink is not None:
+            self._add_sink_effect(batch, full, nosink)
+
+    def _cell(self, res: TopNMetrics) -> _Cell:
+        valid = res.valid
+        sums = {name: _masked_sum(res.metric(name), valid, (0, 2)).cpu() for name in METRICS}
+        k, h, q, nn = valid.shape
+        return _Cell(
+            sums=sums,
+            counts=valid.sum((0, 2)).to(torch.float64).cpu(),
+            entries=torch.full((h, nn), float(k * q), dtype=torch.float64),
+            nonfinite_rows=int(res.nonfinite.sum()),
+        )
+
+    def _add_bounds(
+        self, cell: _Cell, res: TopNMetrics, batch: AttentionBatch, variant: str, constants
+    ) -> None:
+        from attngeom.core.bounds import certified_bounds, inversion_bounds
+
+        universe = batch.universe(exclude_sink=variant == "no_sink")
+        alpha64 = batch.alpha.to(torch.float64)
+        alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=torch.float64))
+        sums = {name: torch.zeros_like(cell.counts) for name in BOUND_COLUMNS}
+        counts = torch.zeros_like(cell.counts)
+        for k in range(res.order.shape[0]):
+            b = certified_bounds(
+                alpha64, batch.stats, batch.kv_of_head, res.order[k], universe,
+                res.n_grid, constants[0], constants[1], constants[2],
+            )
+            p_inv, r_inv = inversion_bounds(res.inversions[k], torch.tensor(res.n_grid))
+            cols = {
+                "precision_bound": b["precision_bound"], "recall_bound": b["recall_bound"],
+                "f_bound": b["f_bound"], "precision_inv_bound": p_inv, "recall_inv_bound": r_inv,
+            }
+            valid = res.valid[k]
+            for name, x in cols.items():
+                ok = valid & torch.isfinite(x)
+                sums[name] += _masked_sum(x, ok, (1,)).cpu()
+            counts += valid.sum(1).to(torch.float64).cpu()
+        cell.sums.update(sums)
+        cell.bound_counts = counts
+
+    def _add_sink_effect(self, batch: AttentionBatch, full: TopNMetrics, nosink: TopNMetrics) -> None:
+        chosen = full.sink_selected[0]
+        both = full.valid[0] & nosink.valid[0]
+        parts = {}
+        for name, res in (("full", full), ("nosink", nosink)):
+            f = res.f_score[0]
+            for tag, mask in (("selected", chosen & both), ("unselected", ~chosen & both)):
+                parts[f"f_{name}_sink_{tag}"] = _masked_sum(f, mask, (1,)).cpu()
+                parts[f"n_{name}_sink_{tag}"] = mask.sum(1).to(torch.float64).cpu()
+        key = (batch.window, batch.layer)
+        if key in self.sink_effect:
+            for name, value in parts.items():
+                self.sink_effect[key][name] += value
+        else:
+            self.sink_effect[key] = parts
+
+    def merge(self, other: TopNAccumulator) -> None:
+        """Add another accumulator's state (another shard, or other query chunks)."""
+        if other.config != self.config:
+            raise ConfigError("cannot merge top-N accumulators with different configurations")
+        for key, cell in other.cells.items():
+            if key in self.cells:
+                self.cells[key].add(cell)
+            else:
+                mine = _Cell(sums={}, counts=torch.zeros_like(cell.counts),
+                             entries=torch.zeros_like(cell.entries))
+                mine.add(cell)
+                self.cells[key] = mine
+        for key, parts in other.sink_effect.items():
+            if key in self.sink_effect:
+                for name, value in parts.items():
+                    self.sink_effect[key][name] += value
+            else:
+                self.sink_effect[key] = {name: v.clone() for name, v in parts.items()}
+        self.num_heads = self.num_heads or other.num_heads
+
+    @property
+    def nonfinite_rows(self) -> int:
+        return sum(c.nonfinite_rows for c in self.cells.values())
+
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Tables ``metrics`` (per window, layer, head, rule, variant, distance, n) and
+        ``sink_effect`` (per window, layer, head, n), as numpy columns."""
+        grid = np.asarray(self.config.n_grid, dtype=np.int64)
+        metrics: dict[str, list] = {c: [] for c in _METRIC_TABLE}
+        for (window, layer, rule, variant, distance), cell in sorted(self.cells.items()):
+            h, nn = cell.counts.shape
+            size = h * nn
+            reps = self._repeats(rule)
+            n_queries = (cell.counts / reps).round().numpy().reshape(-1)
+            entries = (cell.entries / reps).round().numpy().reshape(-1)
+            cols = {
+                "window": np.full(size, window), "layer": np.full(size, layer),
+                "head": np.repeat(np.arange(h), nn), "rule": np.full(size, rule, dtype=object),
+                "variant": np.full(size, variant, dtype=object),
+                "distance": np.full(size, distance, dtype=object), "n": np.tile(grid, h),
+                "n_queries": n_queries.astype(np.int64),
+                "n_skipped": (entries - n_queries).astype(np.int64),
+                "trivial": np.tile((grid == 1) & (distance == "euclidean"), h),
+            }
+            for name in METRICS:
+                cols[name] = _ratio(cell.sums[name], cell.counts).numpy().reshape(-1)
+            for name in BOUND_COLUMNS:
+                if cell.bound_counts is not None and name in cell.sums:
+                    cols[name] = _ratio(cell.sums[name], cell.bound_counts).numpy().reshape(-1)
+                else:
+                    cols[name] = np.full(size, np.nan)
+            for name in _METRIC_TABLE:
+                metrics[name].append(cols[name])
+        effect: dict[str, list] = {c: [] for c in _EFFECT_TABLE}
+        for (window, layer), parts in sorted(self.sink_effect.items()):
+            h, nn = parts["n_full_sink_selected"].shape
+            size = h * nn
+            cols = {
+                "window": np.full(size, window), "layer": np.full(size, layer),
+                "head": np.repeat(np.arange(h), nn), "n": np.tile(grid, h),
+                "n_sink_selected": parts["n_full_sink_selected"].numpy().reshape(-1),
+                "n_sink_unselected": parts["n_full_sink_unselected"].numpy().reshape(-1),
+            }
+            for name in SINK_EFFECT_COLUMNS:
+                cols[name] = _ratio(parts[name], parts["n_" + name[2:]]).numpy().reshape(-1)
+            for name in _EFFECT_TABLE:
+                effect[name].append(cols[name])
+        return {
+            "metrics": _concat(metrics),
+            "sink_effect": _concat(effect),
+        }
+
+    def _repeats(self, rule: str) -> int:
+        return self.config.repeats if rule == "random" else 1
+
+
+_METRIC_TABLE = (
+    "window", "layer", "head", "rule", "variant", "distance", "n", *METRICS,
+    "n_queries", "n_skipped", "trivial", *BOUND_COLUMNS,
+)
+_EFFECT_TABLE = (
+    "window", "layer", "head", "n", *SINK_EFFECT_COLUMNS, "n_sink_selected", "n_sink_unselected",
+)
+
+
+def _concat(columns: dict[str, list]) -> dict[str, np.ndarray]:
+    return {
+        name: (np.concatenate(parts) if parts else np.zeros(0)) for name, parts in columns.items()
+    }
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
+
+
+def _window_constants(batch: AttentionBatch):
+    """(mu, c_lo, c_hi) per kv head, measured on the window itself (SPEC 5)."""
+    from attngeom.core.bounds import window_constants
+
+    return window_constants(batch.stats)
+
+
+def merge_all(accumulators: Iterable[TopNAccumulator]) -> TopNAccumulator:
+    """One accumulator equal to the given shards merged in order."""
+    items = list(accumulators)
+    if not items:
+        raise ConfigError("merge_all: expected at least one accumulator")
+    out = TopNAccumulator(items[0].config)
+    for acc in items:
+        out.merge(acc)
+    return out

@@ -1,0 +1,618 @@
+"""Certified separability bounds and the constant-norm envelope (SPEC 5).
+
+SPEC 5 writes every comparison of the Euclidean metrics as a comparison of
+``g[u] = 2 alpha_u <v_u, s> - alpha_u^2 ||v_u||^2`` (larger g = closer to the aggregate
+``s`` of the selected set). Expanding ``<v_u, s>`` leaves only the alphas, the value
+norms and the cosines between value vectors; replacing every cosine by a bound gives
+``L[i] <= g[i]`` (selected) and ``U[j] >= g[j]`` (unselected), hence deterministic lower
+bounds on Recall, Precision and F that need no value direction at all:
+
+- non-sink coherence ``|cos(v_a, v_b)| <= mu`` for a != b, a, b >= 1;
+- sink relation ``c_lo <= cos(v_0, v_b) <= c_hi`` for b >= 1.
+
+With ``a_u = alpha_u ||v_u||`` (the contribution's length), the selected set ``I`` of size
+N, ``S`` the summed length of its non-sink members and ``A0 = a_0`` if the sink is selected
+(else 0), the bounds are, for non-sink i in I, the sink in I, non-sink j not in I, and the
+sink not in I::
+
+    L[i] = a_i^2 - 2 mu a_i (S - a_i) + 2 c_lo a_i A0
+    L[0] = a_0^2 + 2 c_lo a_0 S
+    U[j] = 2 a_j (mu S + c_hi A0) - a_j^2
+    U[0] = 2 c_hi a_0 S - a_0^2
+
+so one prefix sum over the rule's order serves each N in O(T) (SPEC 8): no N x T x T
+tensor. Every comparison is made with a slack of ``1e-10 (sum_u a_u)^2`` against the
+bound (a selected token counts only if it beats the unselected ones by more than the
+rounding of g itself), so a bound measured with mu, c_lo, c_hi taken from the window
+never exceeds the float64 metric even on exact ties.
+
+Cosines with a zero vector: ``cos(v, 0)`` is taken as 0 wherever a cosine is reported,
+but pairs with a zero vector are left out of ``mu``, ``c_lo`` and ``c_hi``: their inner
+product is 0 whatever bound is used, so they constrain nothing (a window without any
+measurable pair gets ``mu = c_lo = c_hi = 0``).
+
+The constant-norm envelope (SPEC 5, "the theory's prediction") applies the same
+formulas to a synthetic row: the head's alpha profile, non-sink norms 1, sink norm
+1 / kappa, coherence mu and one sink cosine. ``BoundsAccumulator`` fits kappa, mu and the
+sink cosine per head, reports the envelope against N and how often the fitted
+assumptions fail on the measured windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.errors import ConfigError
+
+SINK = 0
+_SLACK = 1e-10
+
+
+def check_n_grid(n_grid: Sequence[int]) -> tuple[int, ...]:
+    """Validate an N grid: distinct integers >= 1, kept in the given order."""
+    try:
+        grid = tuple(int(n) for n in n_grid)
+    except TypeError as exc:
+        raise ConfigError(f"n_grid: expected a sequence of integers, got {n_grid!r}") from exc
+    if not grid:
+        raise ConfigError("n_grid: expected at least one N, got an empty grid")
+    if any(n < 1 for n in grid) or any(int(n) != n for n in n_grid):
+        raise ConfigError(f"n_grid: expected integers >= 1, got {list(n_grid)}")
+    if len(set(grid)) != len(grid):
+        raise ConfigError(f"n_grid: expected distinct values, got {list(grid)}")
+    return grid
+
+
+def safe_cos(inner: Tensor, denom: Tensor) -> Tensor:
+    """``inner / denom`` clamped to [-1, 1], with 0 where ``denom`` is 0 (a zero vector)."""
+    ok = denom > 0
+    out = torch.where(ok, inner / torch.where(ok, denom, torch.ones_like(denom)), 0.0)
+    return out.clamp(-1.0, 1.0)
+
+
+def cosine_matrix(stats: ValueStats) -> Tensor:
+    """(G, T, T) float64 cosines ``cos(v_a, v_b)`` read off the Gram matrix (0 for zero vectors)."""
+    norms = stats.norms
+    return safe_cos(stats.gram, norms[:, :, None] * norms[:, None, :])
+
+
+class WindowConstants(NamedTuple):
+    """Per kv head angle constants of one window (SPEC 5), each (G,) float64."""
+
+    mu: Tensor
+    c_lo: Tensor
+    c_hi: Tensor
+
+
+def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> WindowConstants:
+    """Measure mu, c_lo, c_hi per kv head on one window, so that SPEC 5's assumptions hold.
+
+    ``mu = max_{a != b, a, b >= 1} |cos(v_a, v_b)|``, ``c_lo / c_hi = min / max_{b >= 1}
+    cos(v_0, v_b)``. ``exclude`` (T,) bool leaves positions out (e.g. keys that are in no
+    universe); pairs with a zero vector are left out (their inner product is 0 whatever
+    the bound), and a kv head with nothing left gets 0.
+
+    Shapes: stats (G, T, d) values -> three (G,) float64 tensors.
+
+    >>> v = torch.tensor([[[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [-1.0, 1.0]]])
+    >>> [round(float(x[0]), 4) for x in window_constants(ValueStats(v))]
+    [0.7071, -1.0, 0.0]
+    """
+    cos = cosine_matrix(stats)
+    norms = stats.norms
+    g, t = norms.shape
+    keep = norms > 0
+    if exclude is not None:
+        if exclude.shape != (t,):
+            raise ConfigError(f"exclude: expected shape ({t},), got {tuple(exclude.shape)}")
+        keep = keep & ~exclude.to(device=keep.device, dtype=torch.bool)[None, :]
+    pos = torch.arange(t, device=norms.device)
+    nonsink = keep & (pos >= 1)[None, :]
+    pair = nonsink[:, :, None] & nonsink[:, None, :] & (pos[:, None] != pos[None, :])[None]
+    zero = torch.zeros((), dtype=cos.dtype, device=cos.device)
+    mu = torch.where(pair, cos.abs(), zero).amax(dim=(-1, -2)) if t > 1 else cos.new_zeros(g)
+    sink_row = cos[:, SINK, :]
+    with_sink = nonsink & keep[:, SINK : SINK + 1]
+    any_sink = with_sink.any(-1)
+    c_lo = torch.where(with_sink, sink_row, math.inf).amin(-1) if t > 1 else cos.new_zeros(g)
+    c_hi = torch.where(with_sink, sink_row, -math.inf).amax(-1) if t > 1 else cos.new_zeros(g)
+    c_lo = torch.where(any_sink, c_lo, zero) if t > 1 else c_lo
+    c_hi = torch.where(any_sink, c_hi, zero) if t > 1 else c_hi
+    return WindowConstants(mu, c_lo, c_hi)
+
+
+def _as_param(x: Tensor | float, like: Tensor) -> Tensor:
+    return torch.as_tensor(x, dtype=torch.float64, device=like.device)
+
+
+def _bound_rows(
+    a: Tensor,
+    is_sink: Tensor,
+    usize: Tensor,
+    n_grid: tuple[int, ...],
+    mu: Tensor,
+    c_lo: Tensor,
+    c_hi: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The SPEC 5 bound on rows already sorted by the selection rule.
+
+    a (..., T) float64 contribution lengths ``alpha_u ||v_u||`` in rule order; is_sink
+    (..., T) bool marks the sink's slot (if it is in the universe); usize (...,) the
+    universe size (slots < usize are the universe); mu, c_lo, c_hi broadcast to (...,).
+    Returns precision, recall, f bounds of shape (..., NN), NaN where N is invalid.
+    """
+    t = a.shape[-1]
+    slot = torch.arange(t, device=a.device)
+    in_u = slot < usize[..., None]
+    a = torch.where(in_u, a, 0.0)
+    is_sink = is_sink & in_u
+    a0 = torch.where(is_sink, a, 0.0).sum(-1)
+    sink_slot = torch.where(is_sink, slot, t).amin(-1) if t > 0 else usize
+    nonsink = torch.where(is_sink, 0.0, a)
+    csum = torch.cumsum(nonsink, -1)
+    tol = (_SLACK * a.sum(-1) ** 2)[..., None]
+    mu, c_lo, c_hi = (x[..., None] for x in (mu, c_lo, c_hi))
+    nan = torch.full(usize.shape, math.nan, dtype=torch.float64, device=a.device)
+    precision, recall, f_score = [], [], []
+    for n in n_grid:
+        valid = (usize > n) & (n >= 1)
+        s = csum[..., min(n, t) - 1][..., None] if t > 0 else a0[..., None] * 0
+        a0_sel = torch.where(sink_slot < n, a0, 0.0)[..., None]
+        a0e = a0[..., None]
+        low = torch.where(
+            is_sink,
+            a0e**2 + 2 * c_lo * a0e * s,
+            a**2 - 2 * mu * a * (s - a) + 2 * c_lo * a * a0_sel,
+        )
+        up = torch.where(
+            is_sink,
+            2 * c_hi * a0e * s - a0e**2,
+            2 * a * (mu * s + c_hi * a0_sel) - a**2,
+        )
+        low = low - tol
+        up = up + tol
+        sel = (slot < n) & in_u
+        unsel = in_u & ~sel
+        min_low = torch.where(sel, low, math.inf).amin(-1, keepdim=True)
+        max_up = torch.where(unsel, up, -math.inf).amax(-1, keepdim=True)
+        r = (sel & (low > max_up)).sum(-1).to(torch.float64) / n
+        p = n / (n + (unsel & (up >= min_low)).sum(-1).to(torch.float64))
+        denom = p + r
+        f = torch.where(denom > 0, 2 * p * r / torch.where(denom > 0, denom, 1.0), 0.0)
+        precision.append(torch.where(valid, p, nan))
+        recall.append(torch.where(valid, r, nan))
+        f_score.append(torch.where(valid, f, nan))
+    return torch.stack(precision, -1), torch.stack(recall, -1), torch.stack(f_score, -1)
+
+
+def certified_bounds(
+    alpha: Tensor,
+    stats: ValueStats,
+    kv_of_head: Tensor,
+    order: Tensor,
+    universe: Tensor,
+    n_grid: Sequence[int],
+    mu: Tensor,
+    c_lo: Tensor,
+    c_hi: Tensor,
+) -> dict[str, Tensor]:
+    """Deterministic lower bounds on Precision, Recall and F per query and N (SPEC 5).
+
+    They hold whenever ``|cos| <= mu`` on non-sink pairs and ``c_lo <= cos(v_0, v_b) <=
+    c_hi``; with the constants of :func:`window_constants` they never exceed the measured
+    Euclidean metric. The sink is key 0 whenever it is in the universe (the sink-excluded
+    variant simply passes a universe without it).
+
+    Shapes: alpha (H, Q, T) float, order (H, Q, T) int64 keys sorted by the selection
+    rule with the universe's keys first, universe (H, Q, T) bool, kv_of_head (H,),
+    mu / c_lo / c_hi (G,) -> ``precision_bound``, ``recall_bound``, ``f_bound`` each
+    (H, Q, NN) float64, NaN where N is invalid (1 <= N < |U| required).
+
+    >>> v = torch.tensor([[[0.1, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])
+    >>> st = ValueStats(v)
+    >>> alpha = torch.tensor([[[0.1, 0.6, 0.2, 0.1]]])
+    >>> order = torch.tensor([[[1, 2, 0, 3]]])
+    >>> c = window_constants(st)
+    >>> b = certified_bounds(alpha, st, torch.tensor([0]), order,
+    ...                      torch.ones(1, 1, 4, dtype=torch.bool), [1, 2], *c)
+    >>> b["recall_bound"][0, 0].tolist()
+    [1.0, 0.5]
+    """
+    grid = check_n_grid(n_grid)
+    if alpha.dim() != 3:
+        raise ConfigError(f"alpha: expected shape (H, Q, T), got {tuple(alpha.shape)}")
+    h, q, t = alpha.shape
+    for name, x in (("order", order), ("universe", universe)):
+        if tuple(x.shape) != (h, q, t):
+            raise ConfigError(f"{name}: expected shape {(h, q, t)}, got {tuple(x.shape)}")
+    if tuple(kv_of_head.shape) != (h,):
+        raise ConfigError(f"kv_of_head: expected shape ({h},), got {tuple(kv_of_head.shape)}")
+    if stats.num_keys != t:
+        raise ConfigError(f"stats: expected {t} keys, got {stats.num_keys}")
+    g = stats.num_kv_heads
+    for name, x in (("mu", mu), ("c_lo", c_lo), ("c_hi", c_hi)):
+        if tuple(torch.as_tensor(x).shape) != (g,):
+            raise ConfigError(f"{name}: expected shape ({g},), got {tuple(torch.as_tensor(x).shape)}")
+    universe = universe.to(torch.bool)
+    order = order.to(torch.int64)
+    usize = universe.sum(-1)
+    slot = torch.arange(t, device=alpha.device)
+    if not torch.equal(universe.gather(-1, order), slot < usize[..., None]):
+        raise ConfigError("order: expected the universe's keys first in every row, got a row that "
+                          "puts a key outside the universe before one inside it")
+    norms = stats.norms.to(alpha.device)[kv_of_head.to(alpha.device)]  # (H, T)
+    a = alpha.to(torch.float64) * norms[:, None, :]
+    a_sorted = a.gather(-1, order)
+    is_sink = order == SINK
+    kv = kv_of_head.to(alpha.device)
+    params = [_as_param(x, a).to(a.device)[kv][:, None].expand(h, q) for x in (mu, c_lo, c_hi)]
+    p, r, f = _bound_rows(a_sorted, is_sink, usize, grid, *params)
+    return {"precision_bound": p, "recall_bound": r, "f_bound": f}
+
+
+def inversion_bounds(inversions: Tensor, n: Tensor | int) -> tuple[Tensor, Tensor]:
+    """SPEC 2's inversion bounds ``P >= N / (N + GInv)``, ``R >= max(0, 1 - GInv / N)``.
+
+    Shapes: inversions (...) float (NaN where undefined, which propagates), n broadcast
+    to it (e.g. (NN,) against (K, H, Q, NN)) -> two float64 tensors of the broadcast shape.
+
+    >>> [x.tolist() for x in inversion_bounds(torch.tensor([0.0, 1.0, 4.0]), 2)]
+    [[1.0, 0.6666666666666666, 0.3333333333333333], [1.0, 0.5, 0.0]]
+    """
+    inv = torch.as_tensor(inversions, dtype=torch.float64)
+    n = torch.as_tensor(n, dtype=torch.float64, device=inv.device)
+    if bool((n < 1).any()):
+        raise ConfigError(f"n: expected values >= 1, got {n.tolist()}")
+    return n / (n + inv), (1.0 - inv / n).clamp_min(0.0)
+
+
+def random_direction_mu(T: int, d: int, delta: float) -> float:
+    """Coherence ``sqrt(2 ln(T^2 / delta) / d)`` of T random directions in d dimensions.
+
+    SPEC 5: for directions modelled as independent random unit vectors, every pairwise
+    ``|cos|`` is below this value with probability at least ``1 - delta`` (a union bound
+    over T^2 pairs of a sub-Gaussian tail), so it makes the envelope's dependence on the
+    head dimension and the failure probability explicit.
+
+    >>> round(random_direction_mu(1024, 64, 0.05), 4)
+    0.7109
+    """
+    if int(T) != T or T < 1:
+        raise ConfigError(f"T: expected an integer >= 1, got {T!r}")
+    if int(d) != d or d < 1:
+        raise ConfigError(f"d: expected an integer >= 1, got {d!r}")
+    if not 0.0 < delta < 1.0:
+        raise ConfigError(f"delta: expected 0 < delta < 1, got {delta!r}")
+    return math.sqrt(2.0 * math.log(T * T / delta) / d)
+
+
+def constant_norm_envelope(
+    alpha_profile: Tensor,
+    n_grid: Sequence[int],
+    kappa: Tensor | float,
+    mu: Tensor | float,
+    sink_cos: Tensor | float | tuple[Tensor | float, Tensor | float],
+) -> dict[str, Tensor]:
+    """P, R, F envelopes against N in the constant-norm regime (SPEC 5).
+
+    The synthetic row: ``alpha_profile[..., 0]`` is the sink's attention, entries 1..
+    the non-sink attention (the accumulator uses the head's mean sink mass and mean
+    descending-sorted non-sink profile at the analysed queries); non-sink norms 1 (the
+    bound is scale free), sink norm ``1 / kappa``; ``|cos| <= mu`` off the sink and the
+    sink cosine fixed at ``sink_cos`` (or bracketed, if a pair ``(c_lo, c_hi)`` is given).
+    Selection is the attention rule (descending alpha, ties to the smaller position).
+
+    ``certified`` is P = R = 1 (R = 1 already implies P = 1) and ``largest_certified_n``
+    the largest grid N such that every grid N' <= N is certified (0 if the smallest is
+    not): the predicted small-N operating regime. NaN parameters give NaN envelopes.
+
+    Shapes: alpha_profile (..., T), kappa / mu / sink_cos broadcast to (...) ->
+    ``precision_envelope``, ``recall_envelope``, ``f_envelope`` (..., NN) float64,
+    ``certified`` (..., NN) bool, ``largest_certified_n`` (...) int64.
+
+    >>> env = constant_norm_envelope(torch.tensor([0.5, 0.3, 0.1, 0.05, 0.05]),
+    ...                              [1, 2, 3], kappa=5.0, mu=0.2, sink_cos=-0.5)
+    >>> env["recall_envelope"].tolist(), int(env["largest_certified_n"])
+    ([1.0, 1.0, 0.3333333333333333], 2)
+    """
+    grid = check_n_grid(n_grid)
+    prof = torch.as_tensor(alpha_profile, dtype=torch.float64)
+    if prof.dim() < 1 or prof.shape[-1] < 1:
+        raise ConfigError(f"alpha_profile: expected shape (..., T) with T >= 1, got "
+                          f"{tuple(prof.shape)}")
+    if bool((prof < 0).any()):
+        raise ConfigError("alpha_profile: expected non-negative attention weights")
+    if isinstance(sink_cos, tuple):
+        if len(sink_cos) != 2:
+            raise ConfigError(f"sink_cos: expected a value or a pair (c_lo, c_hi), got {sink_cos!r}")
+        c_lo, c_hi = (_as_param(x, prof) for x in sink_cos)
+    else:
+        c_lo = c_hi = _as_param(sink_cos, prof)
+    kappa, mu = _as_param(kappa, prof), _as_param(mu, prof)
+    batch = torch.broadcast_shapes(prof.shape[:-1], kappa.shape, mu.shape, c_lo.shape, c_hi.shape)
+    t = prof.shape[-1]
+    prof = prof.expand(*batch, t).reshape(-1, t)
+    kappa, mu, c_lo, c_hi = (x.expand(batch).reshape(-1) for x in (kappa, mu, c_lo, c_hi))
+    norms = torch.ones_like(prof)
+    norms[:, SINK] = 1.0 / kappa
+    # attention rule: descending alpha, ties to the smaller position (stable sort on -alpha)
+    order = torch.sort(-prof, dim=-1, stable=True).indices
+    a = (prof * norms).gather(-1, order)
+    usize = torch.full((prof.shape[0],), t, dtype=torch.int64)
+    p, r, f = _bound_rows(a, order == SINK, usize, grid, mu, c_lo, c_hi)
+    bad = ~((kappa > 0) & torch.isfinite(mu) & torch.isfinite(c_lo)
+            & torch.isfinite(c_hi) & torch.isfinite(prof).all(-1))[:, None]
+    p, r, f = (torch.where(bad, math.nan, x) for x in (p, r, f))
+    certified = (r == 1.0) & (p == 1.0)
+    gvals = torch.tensor(grid, dtype=torch.int64)
+    # the grid need not be sorted: "every grid N' <= N" is checked in ascending N
+    asc = torch.argsort(gvals)
+    run = torch.cumprod(certified[:, asc].to(torch.int64), -1).to(torch.bool)
+    largest = torch.where(run, gvals[asc], 0).amax(-1)
+    shape = (*batch, len(grid))
+    return {
+        "precision_envelope": p.reshape(shape),
+        "recall_envelope": r.reshape(shape),
+        "f_envelope": f.reshape(shape),
+        "certified": certified.reshape(shape),
+        "largest_certified_n": largest.reshape(batch),
+    }
+
+
+class _BoundsLayer:
+    """Sufficient statistics of one layer: pooled sums, a |cos| histogram, the profile."""
+
+    def __init__(self, num_heads: int, bins: int) -> None:
+        z = np.zeros
+        self.num_heads = num_heads
+        self.nonsink_norm_sum = z(num_heads)
+        self.nonsink_norm_count = z(num_heads)
+        self.sink_norm_sum = z(num_heads)
+        self.sink_norm_count = z(num_heads)
+        self.cos_hist = z((num_heads, bins))
+        self.cos_max = np.full(num_heads, -np.inf)
+        self.sink_cos_sum = z(num_heads)
+        self.sink_cos_count = z(num_heads)
+        self.sink_pos_count = z(num_heads)
+        self.sink_neg_count = z(num_heads)
+        self.sink_pos_max = z(num_heads)
+        self.sink_neg_max = z(num_heads)  # largest |cos| among negative sink cosines
+        self.alpha_sink_sum = z(num_heads)
+        self.profile_sum = z((num_heads, 0))
+        self.query_count = z(num_heads)
+        self.max_universe = np.zeros(num_heads, dtype=np.int64)
+
+    def add_profile(self, prof: np.ndarray) -> None:
+        width = max(self.profile_sum.shape[1], prof.shape[1])
+        self.profile_sum = _pad(self.profile_sum, width) + _pad(prof, width)
+
+    def merge(self, other: _BoundsLayer) -> None:
+        for name in ("nonsink_norm_sum", "nonsink_norm_count", "sink_norm_sum",
+                     "sink_norm_count", "cos_hist", "sink_cos_sum", "sink_cos_count",
+                     "sink_pos_count", "sink_neg_count", "alpha_sink_sum", "query_count"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("cos_max", "sink_pos_max", "sink_neg_max", "max_universe"):
+            setattr(self, name, np.maximum(getattr(self, name), getattr(other, name)))
+        self.add_profile(other.profile_sum)
+
+
+def _pad(x: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+class BoundsAccumulator:
+    """Streaming fit of kappa, mu and the sink cosine per head, and the envelope (SPEC 5).
+
+    Fits, pooled over every analysed window of a layer (value statistics counted once
+    per (window, layer) however many query chunks arrive):
+
+    - ``kappa`` = mean non-sink value norm / mean sink norm (a ratio of pooled means);
+    - ``mu`` = the ``quantile`` (default 0.99) of |cos(v_a, v_b)| over non-sink pairs
+      a < b, read from a histogram of ``bins`` equal bins on [0, 1] and reported as the
+      upper edge of the bin where the quantile falls (so it errs high by < 1 / bins and
+      the count of pairs above it is exact);
+    - ``sink_cos`` = mean of cos(v_0, v_b) over b >= 1.
+
+    Pairs with a zero vector are left out (see module docstring). The envelope uses the
+    head's alpha profile: mean sink mass and the mean descending-sorted non-sink
+    attention over the analysed queries (zero-padded to the largest universe seen).
+    ``violation_rate`` is the share of measured pairs violating the fitted assumptions:
+    non-sink pairs with |cos| > mu, and sink cosines of the opposite sign to a non-zero
+    fitted ``sink_cos``; ``violation_max`` the largest excess (|cos| - mu, or the wrong-sign
+    sink cosine's magnitude), 0 when nothing is violated. ``precision_measured``,
+    ``recall_measured``, ``f_measured`` are NaN here: the geometry pass fills them.
+    """
+
+    table = "bounds"
+
+    def __init__(self, n_grid: Sequence[int], *, quantile: float = 0.99, bins: int = 1000):
+        self.n_grid = check_n_grid(n_grid)
+        if not 0.0 < quantile <= 1.0:
+            raise ConfigError(f"quantile: expected 0 < quantile <= 1, got {quantile!r}")
+        if int(bins) != bins or bins < 1:
+            raise ConfigError(f"bins: expected an integer >= 1, got {bins!r}")
+        self.quantile = float(quantile)
+        self.bins = int(bins)
+        self._layers: dict[int, _BoundsLayer] = {}
+        self._seen: set[tuple[int, int]] = set()
+
+    def _layer(self, layer: int, num_heads: int) -> _BoundsLayer:
+        state = self._layers.get(layer)
+        if state is None:
+            state = self._layers[layer] = _BoundsLayer(num_heads, self.bins)
+        elif state.num_heads != num_heads:
+            raise ConfigError(f"layer {layer}: expected {state.num_heads} heads, got {num_heads}")
+        return state
+
+    def update(self, batch: AttentionBatch) -> None:
+        """Add one query chunk (value statistics only on a window's first chunk)."""
+        state = self._layer(batch.layer, batch.num_heads)
+        key = (batch.layer, batch.window)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._add_values(state, batch.stats, batch.kv_of_head.cpu())
+        universe = batch.universe()
+        alpha = torch.where(universe, batch.alpha.to(torch.float64), 0.0)
+        rows = universe.sum(-1) >= 1
+        alpha = alpha * rows[..., None]
+        state.alpha_sink_sum += alpha[..., SINK].sum(-1).cpu().numpy()
+        rest = torch.sort(alpha[..., 1:], dim=-1, descending=True).values
+        state.add_profile(rest.sum(1).cpu().numpy())
+        state.query_count += rows.sum(-1).cpu().numpy()
+        usize = universe.sum(-1).amax(-1).cpu().numpy()
+        state.max_universe = np.maximum(state.max_universe, usize)
+
+    def _add_values(self, state: _BoundsLayer, stats: ValueStats, kv: Tensor) -> None:
+        norms = stats.norms.cpu()
+        cos = cosine_matrix(stats).cpu()
+        g, t = norms.shape
+        nz = norms > 0
+        state.nonsink_norm_sum += norms[:, 1:].sum(-1)[kv].numpy()
+        state.nonsink_norm_count += float(t - 1)
+        state.sink_norm_sum += norms[:, SINK][kv].numpy()
+        state.sink_norm_count += 1.0
+        if t < 2:
+            return
+        iu = torch.triu_indices(t - 1, t - 1, offset=1) + 1
+        pair_ok = nz[:, iu[0]] & nz[:, iu[1]]  # (G, P)
+        abs_cos = cos[:, iu[0], iu[1]].abs()
+        edges = torch.linspace(0.0, 1.0, self.bins + 1, dtype=torch.float64)[1:]
+        idx = torch.bucketize(abs_cos.clamp(0.0, 1.0), edges, right=False)
+        idx = idx.clamp_max(self.bins - 1)
+        flat = (idx + self.bins * torch.arange(g)[:, None])[pair_ok]
+        hist = torch.bincount(flat, minlength=g * self.bins).reshape(g, self.bins)
+        state.cos_hist += hist[kv].to(torch.float64).numpy()
+        if pair_ok.any():
+            cmax = torch.where(pair_ok, abs_cos, -math.inf).amax(-1)
+            state.cos_max = np.maximum(state.cos_max, cmax[kv].numpy())
+        sink_ok = nz[:, 1:] & nz[:, SINK : SINK + 1]
+        sc = cos[:, SINK, 1:]
+        state.sink_cos_sum += torch.where(sink_ok, sc, 0.0).sum(-1)[kv].numpy()
+        state.sink_cos_count += sink_ok.sum(-1)[kv].to(torch.float64).numpy()
+        pos = sink_ok & (sc > 0)
+        neg = sink_ok & (sc < 0)
+        state.sink_pos_count += pos.sum(-1)[kv].to(torch.float64).numpy()
+        state.sink_neg_count += neg.sum(-1)[kv].to(torch.float64).numpy()
+        pmax = torch.where(pos, sc, 0.0).amax(-1)[kv].numpy()
+        nmax = torch.where(neg, -sc, 0.0).amax(-1)[kv].numpy()
+        state.sink_pos_max = np.maximum(state.sink_pos_max, pmax)
+        state.sink_neg_max = np.maximum(state.sink_neg_max, nmax)
+
+    def merge(self, other: BoundsAccumulator) -> BoundsAccumulator:
+        """Add another shard's state (disjoint windows); returns self."""
+        if not isinstance(other, BoundsAccumulator):
+            raise ConfigError(f"expected a BoundsAccumulator, got {type(other).__name__}")
+        if (other.n_grid, other.quantile, other.bins) != (self.n_grid, self.quantile, self.bins):
+            raise ConfigError("expected accumulators with equal n_grid, quantile and bins, got "
+                              f"{(self.n_grid, self.quantile, self.bins)} and "
+                              f"{(other.n_grid, other.quantile, other.bins)}")
+        overlap = self._seen & other._seen
+        if overlap:
+            raise ConfigError(f"expected disjoint windows across shards, got (layer, window) "
+                              f"{sorted(overlap)[0]} in both")
+        for layer, st in other._layers.items():
+            self._layer(layer, st.num_heads).merge(st)
+        self._seen |= other._seen
+        return self
+
+    def fits(self) -> dict[int, dict[str, np.ndarray]]:
+        """Per layer the fitted (H,) ``kappa``, ``mu``, ``sink_cos``, violation columns."""
+        out = {}
+        edges = np.linspace(0.0, 1.0, self.bins + 1)[1:]
+        for layer, st in self._layers.items():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mean_ns = st.nonsink_norm_sum / st.nonsink_norm_count
+                mean_s = st.sink_norm_sum / st.sink_norm_count
+                kappa = np.where(mean_s > 0, mean_ns / np.where(mean_s > 0, mean_s, 1.0), np.nan)
+                kappa = np.where(st.sink_norm_count > 0, kappa, np.nan)
+                sink_cos = np.where(st.sink_cos_count > 0,
+                                    st.sink_cos_sum / np.maximum(st.sink_cos_count, 1), np.nan)
+            total = st.cos_hist.sum(-1)
+            cum = np.cumsum(st.cos_hist, -1)
+            b = np.argmax(cum >= self.quantile * total[:, None] - 1e-9 * total[:, None], -1)
+            mu = np.where(total > 0, edges[b], np.nan)
+            above = np.where(total > 0, total - cum[np.arange(st.num_heads), b], 0.0)
+            excess = np.where(total > 0, np.maximum(st.cos_max - mu, 0.0), 0.0)
+            wrong = np.where(sink_cos < 0, st.sink_pos_count,
+                             np.where(sink_cos > 0, st.sink_neg_count, 0.0))
+            wrong_max = np.where(sink_cos < 0, st.sink_pos_max,
+                                 np.where(sink_cos > 0, st.sink_neg_max, 0.0))
+            n_meas = total + st.sink_cos_count
+            rate = np.where(n_meas > 0, (above + wrong) / np.maximum(n_meas, 1), np.nan)
+            vmax = np.where(n_meas > 0, np.maximum(excess, wrong_max), np.nan)
+            out[layer] = {"kappa": kappa, "mu": mu, "sink_cos": sink_cos,
+                          "violation_rate": rate, "violation_max": vmax}
+        return out
+
+    def profiles(self) -> dict[int, np.ndarray]:
+        """Per layer the (H, T_max) alpha profile of the envelope (column 0 the sink)."""
+        out = {}
+        for layer, st in self._layers.items():
+            width = int(st.max_universe.max(initial=1))
+            cnt = np.maximum(st.query_count, 1)[:, None]
+            rest = _pad(st.profile_sum, max(width - 1, st.profile_sum.shape[1]))[:, : width - 1]
+            prof = np.concatenate([st.alpha_sink_sum[:, None], rest], -1) / cnt
+            prof[st.query_count == 0] = np.nan
+            out[layer] = prof
+        return out
+
+    def compute(self) -> dict[str, np.ndarray]:
+        """Columns of table ``bounds``: one row per (layer, head, n), ordered that way."""
+        cols: dict[str, list] = {c: [] for c in BOUNDS_COLUMNS}
+        fits, profiles = self.fits(), self.profiles()
+        nn = len(self.n_grid)
+        for layer in sorted(self._layers):
+            fit, prof = fits[layer], profiles[layer]
+            h = prof.shape[0]
+            env = constant_norm_envelope(torch.from_numpy(np.nan_to_num(prof, nan=0.0)),
+                                         self.n_grid, torch.from_numpy(fit["kappa"]),
+                                         torch.from_numpy(fit["mu"]),
+                                         torch.from_numpy(fit["sink_cos"]))
+            no_q = torch.from_numpy(self._layers[layer].query_count == 0)[:, None]
+            for name in ("precision_envelope", "recall_envelope", "f_envelope"):
+                env[name] = torch.where(no_q, math.nan, env[name])
+            env["certified"] = env["certified"] & ~no_q
+            env["largest_certified_n"] = torch.where(no_q[:, 0], 0, env["largest_certified_n"])
+            rep = lambda x: np.repeat(np.asarray(x), nn)  # noqa: E731
+            cols["layer"].append(np.full(h * nn, layer, dtype=np.int64))
+            cols["head"].append(rep(np.arange(h, dtype=np.int64)))
+            cols["n"].append(np.tile(np.asarray(self.n_grid, dtype=np.int64), h))
+            for name in ("kappa", "mu", "sink_cos", "violation_rate", "violation_max"):
+                cols[name].append(rep(fit[name]).astype(np.float64))
+            for name in ("precision_envelope", "recall_envelope", "f_envelope", "certified"):
+                cols[name].append(env[name].numpy().reshape(-1))
+            cols["largest_certified_n"].append(rep(env["largest_certified_n"].numpy()))
+            for name in ("precision_measured", "recall_measured", "f_measured"):
+                cols[name].append(np.full(h * nn, np.nan))
+        return {c: _concat(v, c) for c, v in cols.items()}
+
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{"bounds": compute()}``."""
+        return {self.table: self.compute()}
+
+
+BOUNDS_COLUMNS = (
+    "layer", "head", "n", "kappa", "mu", "sink_cos", "precision_envelope", "recall_envelope",
+    "f_envelope", "certified", "largest_certified_n", "precision_measured", "recall_measured",
+    "f_measured", "violation_rate", "violation_max",
+)
+
+_INT_COLUMNS = {"layer", "head", "n", "largest_certified_n", "position", "n_windows",
+                "n_queries"}
+
+
+def _concat(parts: list, name: str) -> np.ndarray:
+    if parts:
+        return np.concatenate(parts)
+    if name in _INT_COLUMNS:
+        return np.zeros(0, dtype=np.int64)
+    if name == "certified":
+        return np.zeros(0, dtype=bool)
+    return np.zeros(0, dtype=np.float64)

@@ -1,0 +1,182 @@
+"""Next-token NLL and perplexity of a causal LM over windows (SPEC 6).
+
+Every intervention of SPEC 6 is judged by the change of the mean next-token
+negative log-likelihood on held-out windows. One window of T tokens predicts
+T - 1 tokens (positions 1..T-1 from their prefixes), exactly the tokens that
+``model(input_ids, labels=input_ids).loss`` averages over; over several windows
+the mean is per predicted token (windows of equal length weigh equally).
+
+The log-softmax runs in float64 over chunks of positions, so a large vocabulary
+never needs a float64 copy of all the logits at once.
+
+Shapes: ``input_ids`` (N, T) int64, N windows of T tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attngeom.capture import model_layout
+from attngeom.errors import ConfigError
+from attngeom.interventions.gates import head_gates
+
+__all__ = ["NLLResult", "evaluate_nll", "head_removal_nll", "relative_delta", "window_nll"]
+
+_POSITION_CHUNK = 256  # positions per float64 log-softmax (bounds the extra memory)
+
+
+@dataclass(frozen=True)
+class NLLResult:
+    """Mean NLL per predicted token over all windows, its perplexity and the token count."""
+
+    nll: float
+    perplexity: float
+    n_tokens: int
+
+    @classmethod
+    def from_sum(cls, total: float, n_tokens: int) -> NLLResult:
+        nll = total / n_tokens
+        return cls(nll=nll, perplexity=math.exp(nll), n_tokens=n_tokens)
+
+
+def relative_delta(nll: float, base: float) -> float:
+    """SPEC 6 relative delta-NLL, ``(nll - base) / base``."""
+    return (nll - base) / base
+
+
+def check_windows(model: nn.Module, input_ids: Tensor, what: str = "input_ids") -> Tensor:
+    """Validate (N, T) token windows for a causal model; return them as int64.
+
+    Raises ConfigError (one line) for a non-causal model, a wrong shape or dtype,
+    fewer than 2 tokens per window, or windows longer than the model's positions.
+    """
+    layout = model_layout(model)
+    if not layout.is_causal:
+        raise ConfigError(
+            f"{what}: expected a causal language model for next-token NLL, "
+            f"got {layout.model_class} (bidirectional)"
+        )
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+        raise ConfigError(f"{what}: expected token ids of shape (N, T), got {shape}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise ConfigError(f"{what}: expected integer token ids, got {input_ids.dtype}")
+    n, t = input_ids.shape
+    if n < 1 or t < 2:
+        raise ConfigError(f"{what}: expected at least 1 window of at least 2 tokens, got {n}x{t}")
+    if layout.max_positions and t > layout.max_positions:
+        raise ConfigError(
+            f"{what}: expected windows of at most {layout.max_positions} tokens for "
+            f"{layout.model_class}, got {t}"
+        )
+    return input_ids.to(torch.long)
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    return batch_size
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def window_nll(model: nn.Module, batch: Tensor) -> Tensor:
+    """(B,) float64 summed next-token NLL of each window of ``batch`` (B, T).
+
+    Differentiable when called with gradients enabled (the gradient ranker uses it).
+    """
+    batch = batch.to(_device(model))
+    logits = model(input_ids=batch, use_cache=False).logits
+    targets = batch[:, 1:]
+    total = torch.zeros(batch.shape[0], dtype=torch.float64, device=batch.device)
+    for start in range(0, targets.shape[1], _POSITION_CHUNK):
+        stop = min(start + _POSITION_CHUNK, targets.shape[1])
+        chunk = logits[:, start:stop].to(torch.float64)
+        nll = F.cross_entropy(
+            chunk.reshape(-1, chunk.shape[-1]), targets[:, start:stop].reshape(-1), reduction="none"
+        )
+        total = total + nll.view(batch.shape[0], -1).sum(dim=1)
+    return total
+
+
+def _batches(input_ids: Tensor, batch_size: int) -> Iterator[Tensor]:
+    for start in range(0, input_ids.shape[0], batch_size):
+        yield input_ids[start : start + batch_size]
+
+
+def _nll_sum(model: nn.Module, input_ids: Tensor, batch_size: int) -> float:
+    total = 0.0
+    with torch.no_grad():
+        for batch in _batches(input_ids, batch_size):
+            total += float(window_nll(model, batch).sum())
+    return total
+
+
+def evaluate_nll(model: nn.Module, input_ids: Tensor, *, batch_size: int = 8) -> NLLResult:
+    """Mean next-token NLL per predicted token over windows, and its perplexity (SPEC 6).
+
+    Args:
+        model: a causal LM (``model_layout(model).is_causal``), evaluated as it is
+            (with whatever gates or restriction contexts are open).
+        input_ids: (N, T) token ids, one window per row.
+        batch_size: windows per forward call.
+
+    Returns:
+        ``NLLResult(nll, perplexity=exp(nll), n_tokens=N * (T - 1))``. For one window
+        ``nll`` equals ``model(input_ids, labels=input_ids).loss`` (to float32 rounding).
+
+    Raises:
+        ConfigError: for a non-causal model or malformed windows.
+
+    Example:
+        >>> evaluate_nll(model, ids).perplexity  # doctest: +SKIP
+    """
+    input_ids = check_windows(model, input_ids)
+    batch_size = _check_batch_size(batch_size)
+    was_training = model.training
+    model.eval()
+    try:
+        total = _nll_sum(model, input_ids, batch_size)
+    finally:
+        model.train(was_training)
+    n_tokens = input_ids.shape[0] * (input_ids.shape[1] - 1)
+    return NLLResult.from_sum(total, n_tokens)
+
+
+def head_removal_nll(
+    model: nn.Module, input_ids: Tensor, *, batch_size: int = 8
+) -> tuple[NLLResult, Tensor]:
+    """NLL with all heads, and with each head removed alone (SPEC 6 single-head scan).
+
+    Returns:
+        ``(base, nll)``: the unmodified model's :class:`NLLResult` and an (L, H)
+        float64 tensor of mean NLL with head (l, h) removed and every other kept.
+
+    Costs L * H + 1 passes over ``input_ids``; one set of gates is edited in place.
+    """
+    input_ids = check_windows(model, input_ids)
+    batch_size = _check_batch_size(batch_size)
+    layout = model_layout(model)
+    n_tokens = input_ids.shape[0] * (input_ids.shape[1] - 1)
+    base = evaluate_nll(model, input_ids, batch_size=batch_size)
+    nll = torch.empty(layout.num_layers, layout.num_heads, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        with head_gates(model) as gates:
+            for layer in range(layout.num_layers):
+                for head in range(layout.num_heads):
+                    gates.fill_(1.0)
+                    gates[layer, head] = 0.0
+                    nll[layer, head] = _nll_sum(model, input_ids, batch_size) / n_tokens
+    finally:
+        model.train(was_training)
+    return base, nll

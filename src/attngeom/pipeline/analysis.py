@@ -1,0 +1,189 @@
+"""Corpus -> windows -> model -> accumulators: the streaming pass of ``attngeom analyze``.
+
+Each batch of windows goes through the model once under ``capture_attention``; every
+layer's attention rows and value states become ``AttentionBatch`` objects (one per
+window and query chunk, sharing one ``ValueStats``) and are fed to every
+accumulator. Nothing of size T x T outlives its layer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from attngeom.core.accumulators import TopNAccumulator, TopNConfig
+from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.queries import query_positions
+from attngeom.errors import ConfigError
+
+
+@dataclass
+class Accumulators:
+    """The accumulators of one run, by analysis name."""
+
+    items: dict[str, object] = field(default_factory=dict)
+
+    def update(self, batch: AttentionBatch) -> None:
+        for acc in self.items.values():
+            acc.update(batch)
+
+    def merge(self, other: Accumulators) -> None:
+        for name, acc in self.items.items():
+            acc.merge(other.items[name])
+
+    def compute(self) -> dict[str, dict]:
+        """Every table the accumulators hold, as column dicts."""
+        tables: dict[str, dict] = {}
+        for name, acc in self.items.items():
+            out = acc.compute()
+            if out and all(isinstance(v, dict) for v in out.values()):
+                tables.update(out)
+            else:
+                tables[name] = out
+        return tables
+
+
+def make_accumulators(config, num_tokens: int) -> Accumulators:
+    """One accumulator per requested analysis (SPEC 2-5)."""
+    acc: dict[str, object] = {}
+    grid = tuple(config.n_grid)
+    if "metrics" in config.analyses:
+        acc["metrics"] = TopNAccumulator(
+            TopNConfig(
+                n_grid=grid, rules=tuple(config.rules), distances=tuple(config.distances),
+                variants=tuple(config.variants), repeats=config.effective_repeats,
+                seed=config.seed, bounds="bounds" in config.analyses,
+            )
+        )
+    if "sink" in config.analyses:
+        from attngeom.core.sink import SinkAccumulator
+
+        acc["sink"] = SinkAccumulator(grid)
+    if "taxonomy" in config.analyses:
+        from attngeom.core.taxonomy import TaxonomyAccumulator
+
+        acc["taxonomy"] = TaxonomyAccumulator()
+    if "bounds" in config.analyses:
+        from attngeom.core.bounds import BoundsAccumulator
+
+        acc["bounds"] = BoundsAccumulator(grid)
+    if "assumptions" in config.analyses:
+        from attngeom.core.assumptions import AssumptionsAccumulator
+
+        acc["assumptions"] = AssumptionsAccumulator()
+    return Accumulators(acc)
+
+
+@dataclass
+class StreamStats:
+    """Counts and timings of one streaming pass (they go to the manifest)."""
+
+    windows: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    forward_calls: int = 0
+    layers_seen: set = field(default_factory=set)
+
+
+def stream_windows(
+    model,
+    layout,
+    windows: Sequence,
+    config,
+    accumulators: Accumulators,
+    *,
+    progress: bool | Callable = True,
+) -> StreamStats:
+    """Run every window through the model once and feed each layer to the accumulators."""
+    from attngeom.capture import capture_attention
+
+    num_tokens = int(windows[0].input_ids.shape[-1])
+    rows = query_positions(config.query_mode, num_tokens, causal=layout.is_causal)
+    device = next(model.parameters()).device
+    rows_dev = rows.to(device)
+    stats = StreamStats()
+    current: list = []
+    cache: dict[int, tuple[int, list[ValueStats]]] = {}
+
+    def consume(cap) -> None:
+        stats.layers_seen.add(cap.layer)
+        key = id(cap.values)
+        cached = cache.get(cap.layer)
+        if cached is None or cached[0] != key:
+            per_window = [ValueStats(cap.values[b].float()) for b in range(cap.values.shape[0])]
+            cache[cap.layer] = (key, per_window)
+        per_window = cache[cap.layer][1]
+        for b, win in enumerate(current):
+            accumulators.update(
+                AttentionBatch(
+                    window=int(win.index), layer=int(cap.layer), alpha=cap.alpha[b].float(),
+                    visible=cap.visible[b], query_positions=cap.query_rows.to(cap.alpha.device),
+                    stats=per_window[b],
+                )
+            )
+
+    bar = _progress(progress, len(windows), num_tokens)
+    start = time.perf_counter()
+    with torch.inference_mode(), capture_attention(
+        model, consume, query_rows=rows_dev, chunk_size=config.chunk_size
+    ):
+        for i in range(0, len(windows), config.batch_size):
+            current[:] = windows[i : i + config.batch_size]
+            ids = torch.stack([w.input_ids for w in current]).to(device)
+            cache.clear()
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            stats.forward_calls += 1
+            stats.windows += len(current)
+            stats.tokens += ids.numel()
+            if bar is not None:
+                bar.update(len(current))
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix(
+                    win_s=f"{stats.windows / elapsed:.2f}", tok_s=f"{stats.tokens / elapsed:,.0f}"
+                )
+    if bar is not None:
+        bar.close()
+    stats.seconds = time.perf_counter() - start
+    if len(stats.layers_seen) != layout.num_layers:
+        from attngeom.errors import ModelError
+
+        raise ModelError(
+            f"{layout.model_class}: captured {len(stats.layers_seen)} of {layout.num_layers} "
+            "layers; its attention does not all go through the transformers attention interface"
+        )
+    return stats
+
+
+def _progress(progress, total: int, num_tokens: int):
+    if progress is False or progress is None:
+        return None
+    if callable(progress) and not isinstance(progress, bool):
+        return progress(total)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="win", desc=f"analyse ({num_tokens} tok/window)", leave=False)
+
+
+def grid_report(n_grid: Sequence[int], num_tokens: int, query_mode: str, causal: bool) -> dict:
+    """Which N of the grid can never be valid for these windows (reported, not averaged)."""
+    rows = query_positions(query_mode, num_tokens, causal=causal)
+    largest = int(rows.max()) + 1 if causal else num_tokens
+    never = [int(n) for n in n_grid if n >= largest]
+    return {"largest_universe": largest, "never_valid_n": never}
+
+
+def check_window_fits(window_length: int, layout) -> None:
+    limit = layout.max_positions
+    if limit is not None and window_length > limit:
+        raise ConfigError(
+            f"window_length {window_length} is longer than {layout.model_class}'s "
+            f"{limit} positions; pass --window-length {limit} or less"
+        )
+
+
+def finite_or_nan(x: float) -> float:
+    return x if math.isfinite(x) else float("nan")

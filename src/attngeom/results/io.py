@@ -1,0 +1,402 @@
+"""Reading and writing a results directory: Parquet tables and ``manifest.json``.
+
+A run directory holds one ``NAME.parquet`` per table of ``schemas.SCHEMAS`` and one
+``manifest.json`` (docs/internals.md). Every write is atomic: the bytes go to a
+hidden temporary file in the same directory, which is then renamed over the target
+(``os.replace``), so a run killed at any point leaves either the old file or the new
+one, never half of one (ROADMAP: resume). Table files are deterministic: the same
+rows give the same bytes, whatever order they came in, because rows are sorted by
+the table's key columns (``schemas.ROW_KEYS``), columns follow the schema and no
+timestamp or pandas metadata is stored. The only non-deterministic value of a run,
+the manifest's ``created`` time, stays out of the tables.
+
+>>> import tempfile, pandas as pd
+>>> d = prepare_run_dir(tempfile.mkdtemp(), command="demo", fingerprint="abc")
+>>> df = pd.DataFrame({"model": ["m"], "corpus": ["c"], "layer": [0], "head": [1],
+...                    "nll": [2.0], "delta_nll_rel": [0.1], "critical": [True],
+...                    "threshold": [0.05]})
+>>> _ = write_table(d, "head_scan", df)
+>>> available_tables(d), read_table(d, "head_scan")["nll"].tolist()
+(['head_scan'], [2.0])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attngeom.errors import ConfigError, RunDirError
+from attngeom.results.schemas import (
+    BOOL,
+    FLOAT,
+    INT,
+    ROW_KEYS,
+    SCHEMAS,
+    STRING,
+    TABLE_NAMES,
+    check_table_name,
+    table_file,
+    validate_table,
+)
+
+MANIFEST_NAME = "manifest.json"
+PARQUET_COMPRESSION = "zstd"
+
+# Hidden temporary files of ``_atomic_write``: ".<target name>.<32 hex>.tmp".
+_TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{32}\.tmp$")
+
+
+# --------------------------------------------------------------------------- atomic
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> Path:
+    """Write ``path`` through ``write(file)`` into a temporary sibling, then rename it.
+
+    The temporary file is created with mode 0o666 less the umask (like ``open``), is
+    fsynced before the rename, and is removed if anything fails.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable where the platform allows it (POSIX); skip elsewhere."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _existing_dir(run_dir) -> Path:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(
+            f"results directory {run_dir} does not exist (create it with prepare_run_dir)"
+        )
+    return run_dir
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _arrow_table(name: str, df):
+    """``df`` as a pyarrow Table with the schema's columns, types and row order."""
+    import numpy as np
+    import pyarrow as pa
+
+    validate_table(name, df)
+    schema = SCHEMAS[name]
+    df = df.reset_index(drop=True)
+    if len(df) > 1:
+        try:
+            order = df.sort_values(
+                list(ROW_KEYS[name]), kind="mergesort", na_position="last"
+            ).index
+        except TypeError as e:
+            raise ConfigError(f"table {name}: cannot sort rows by key columns ({e})") from None
+        df = df.loc[order].reset_index(drop=True)
+
+    arrays, names = [], []
+    for column, dtype in schema.items():
+        arrays.append(_column_array(name, column, dtype, df[column], np, pa))
+        names.append(column)
+    for column in df.columns:
+        if column in schema:
+            continue
+        if not isinstance(column, str):
+            raise ConfigError(f"table {name}: column names must be strings, got {column!r}")
+        try:
+            arrays.append(pa.Array.from_pandas(df[column]))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise ConfigError(f"table {name}: column {column}: {_one_line(e)}") from None
+        names.append(column)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _column_array(table: str, column: str, dtype: str, s, np, pa):
+    where = f"table {table}: column {column}"
+    if dtype == STRING:
+        values = [None if _is_missing(v) else v for v in s.astype(object).tolist()]
+        bad = next((v for v in values if v is not None and not isinstance(v, str)), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: expected strings, got {type(bad).__name__} {bad!r}")
+        return pa.array(values, type=pa.string())
+    if dtype == FLOAT:
+        return pa.array(s.to_numpy(dtype=np.float64, na_value=np.nan), type=pa.float64())
+    if dtype == INT:
+        try:
+            f = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected int64, got {s.dtype}") from None
+        if not np.all(np.isfinite(f)) or not np.all(f == np.round(f)):
+            raise ConfigError(f"{where}: expected integers, got non-integer or missing values")
+        values = f.astype(np.int64) if s.dtype.kind == "f" else s.to_numpy(dtype=np.int64)
+        return pa.array(values, type=pa.int64())
+    if dtype == BOOL:
+        if s.isna().any():
+            raise ConfigError(f"{where}: expected bool, got missing values")
+        return pa.array(s.to_numpy(dtype=bool), type=pa.bool_())
+    raise AssertionError(dtype)  # pragma: no cover - schemas only use the four dtypes
+
+
+def _is_missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def write_table(run_dir, name: str, df) -> Path:
+    """Write ``df`` as table ``name`` (``run_dir/NAME.parquet``), atomically.
+
+    Columns are checked against ``schemas.SCHEMAS[name]`` (``ConfigError`` when one is
+    missing or of the wrong kind) and stored with the schema's dtypes, in schema order
+    and then any extra columns; rows are sorted by ``schemas.ROW_KEYS[name]`` (stable),
+    so identical rows give byte-identical files. Returns the file's path.
+    """
+    import pyarrow.parquet as pq
+
+    run_dir = _existing_dir(run_dir)
+    table = _arrow_table(name, df)
+    return _atomic_write(
+        run_dir / table_file(name),
+        lambda f: pq.write_table(table, f, compression=PARQUET_COMPRESSION),
+    )
+
+
+def read_table(run_dir, name: str):
+    """Read table ``name`` of ``run_dir`` as a pandas DataFrame.
+
+    ``RunDirError`` names the file when it is missing, is not valid Parquet, or lacks
+    a column of the schema.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_table_name(name)
+    run_dir = _existing_dir(run_dir)
+    path = run_dir / table_file(name)
+    if not path.is_file():
+        raise RunDirError(f"table {name} not found: {path} does not exist")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise RunDirError(f"cannot read {path}: not a valid Parquet file ({_one_line(e)})") from None
+    df = table.to_pandas()
+    validate_table(name, df, source=str(path))
+    return df
+
+
+def available_tables(run_dir) -> list[str]:
+    """Names of the tables whose files ``run_dir`` holds, in ``schemas.TABLE_NAMES`` order."""
+    run_dir = _existing_dir(run_dir)
+    return [n for n in TABLE_NAMES if (run_dir / f"{n}.parquet").is_file()]
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _jsonable(value):
+    """``json`` fallback: paths as strings, numpy scalars as Python numbers."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serialisable")
+
+
+def dumps_json(obj, *, indent: int | None = 2) -> str:
+    """Canonical JSON: sorted keys, no NaN or infinity (``ConfigError`` naming the problem)."""
+    try:
+        return json.dumps(
+            obj,
+            sort_keys=True,
+            indent=indent,
+            separators=(",", ": ") if indent is not None else (",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            default=_jsonable,
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"expected JSON-serialisable values, got {_one_line(e)}") from None
+
+
+def write_manifest(run_dir, manifest: dict) -> Path:
+    """Write ``run_dir/manifest.json`` atomically (UTF-8, sorted keys, 2-space indent)."""
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"manifest: expected a dict, got {type(manifest).__name__}")
+    run_dir = _existing_dir(run_dir)
+    data = (dumps_json(manifest) + "\n").encode("utf-8")
+    return _atomic_write(run_dir / MANIFEST_NAME, lambda f: f.write(data))
+
+
+def read_manifest(run_dir) -> dict:
+    """Read ``run_dir/manifest.json``.
+
+    ``RunDirError`` when the directory is missing, holds no manifest ("not an
+    attngeom run"), or the manifest is not a JSON object (naming the file).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / MANIFEST_NAME
+    if not run_dir.is_dir():
+        raise RunDirError(f"not an attngeom run: {run_dir} does not exist")
+    if not path.is_file():
+        raise RunDirError(f"not an attngeom run: {run_dir} has no {MANIFEST_NAME}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunDirError(f"corrupt manifest {path}: {_one_line(e)}") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(
+            f"corrupt manifest {path}: expected a JSON object, got {type(manifest).__name__}"
+        )
+    return manifest
+
+
+# --------------------------------------------------------------------------- run dirs
+
+
+def _own_names(manifest: dict | None) -> set[str]:
+    """Top-level names in a run directory that attngeom wrote (and may remove)."""
+    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in TABLE_NAMES)}
+    if manifest:
+        listed = list((manifest.get("tables") or {}).values()) if isinstance(
+            manifest.get("tables"), dict
+        ) else []
+        files = manifest.get("files")
+        if isinstance(files, (list, tuple)):
+            listed += list(files)
+        for name in listed:
+            if isinstance(name, str) and name and Path(name).name == name and name != "..":
+                own.add(name)
+    return own
+
+
+def _is_own(entry: Path, own: set[str]) -> bool:
+    if entry.name in own:
+        return True
+    m = _TEMP_RE.match(entry.name)
+    return bool(m) and m.group("target") in own and entry.is_file()
+
+
+def _describe(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool = False) -> Path:
+    """Create or check the directory a run of ``command`` writes its results to.
+
+    - missing or empty: created, returned;
+    - holding the same run (its manifest has this ``command`` and ``fingerprint``):
+      returned untouched, so a later resume can pick up its finished windows;
+    - holding a different run, or attngeom files without a readable manifest:
+      ``RunDirError``, unless ``overwrite=True``, which removes attngeom's own files
+      (``manifest.json``, the table files, the files the manifest lists, leftover
+      temporary files) and nothing else;
+    - holding anything else (not written by attngeom): ``RunDirError`` naming those
+      entries, even with ``overwrite=True``; user files are never deleted.
+
+    ``fingerprint`` is normally ``manifest.config_fingerprint(config)``; a manifest
+    without a ``fingerprint`` field is compared by the fingerprint of its ``config``.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"expected a results directory, got {run_dir} (a file)")
+    if not run_dir.exists():
+        run_dir.mkdir(parents=True)
+        return run_dir
+    entries = sorted(run_dir.iterdir(), key=lambda p: p.name)
+    if not entries:
+        return run_dir
+
+    manifest, manifest_problem = None, None
+    if (run_dir / MANIFEST_NAME).is_file():
+        try:
+            manifest = read_manifest(run_dir)
+        except RunDirError as e:
+            manifest_problem = str(e)
+    own = _own_names(manifest)
+    foreign = [p.name for p in entries if not _is_own(p, own)]
+
+    if manifest is not None and _same_run(manifest, command, fingerprint) and not overwrite:
+        return run_dir
+    if foreign:
+        what = "another run and " if manifest is not None else ""
+        raise RunDirError(
+            f"{run_dir} holds {what}files attngeom did not write ({_describe(foreign)}); "
+            "choose an empty or new directory"
+        )
+    if not overwrite:
+        if manifest is not None:
+            raise RunDirError(
+                f"{run_dir} holds a different attngeom run (command "
+                f"{manifest.get('command')!r}, fingerprint {_short(_fingerprint_of(manifest))}; "
+                f"this run: command {command!r}, fingerprint {_short(fingerprint)}); "
+                "pass overwrite=True to replace it or choose another directory"
+            )
+        reason = manifest_problem or f"attngeom files but no {MANIFEST_NAME}"
+        raise RunDirError(
+            f"{run_dir} holds {reason}; pass overwrite=True to replace it "
+            "or choose another directory"
+        )
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return run_dir
+
+
+def _fingerprint_of(manifest: dict) -> str | None:
+    fp = manifest.get("fingerprint")
+    if fp is None and isinstance(manifest.get("config"), dict):
+        from attngeom.results.manifest import config_fingerprint
+
+        try:
+            fp = config_fingerprint(manifest["config"])
+        except ConfigError:
+            fp = None
+    return fp
+
+
+def _same_run(manifest: dict, command: str, fingerprint: str) -> bool:
+    return manifest.get("command") == command and _fingerprint_of(manifest) == fingerprint
+
+
+def _short(fp) -> str:
+    return "none" if not fp else str(fp)[:12]
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,164 @@
+"""Column schemas of every results table (docs/internals.md, "Table schemas").
+
+``SCHEMAS`` maps a table name to its ordered columns and their dtypes; the file of
+table ``name`` is ``name.parquet`` and holds these columns first, in this order, then
+any extra columns in the order the writer gave them. ``ROW_KEYS`` names the columns a
+table's rows are sorted by before writing, so that the same rows give the same file
+whatever order they were produced in (ROADMAP: shards merged must equal one run).
+
+Dtypes are one of ``"string"``, ``"int64"``, ``"float64"``, ``"bool"``. Integer-valued
+quantities that can be undefined (``largest_certified_n``, ``n_star``) are float64 so
+that "undefined" is NaN, never 0 (STYLE 10).
+
+>>> list(SCHEMAS["taxonomy"])[:4]
+['model', 'corpus', 'layer', 'head']
+>>> ROW_KEYS["sink_positions"]
+('model', 'corpus', 'layer', 'head', 'position')
+"""
+
+from __future__ import annotations
+
+from attngeom.errors import ConfigError, RunDirError
+
+STRING, INT, FLOAT, BOOL = "string", "int64", "float64", "bool"
+DTYPES = (STRING, INT, FLOAT, BOOL)
+
+
+def _cols(spec: str) -> dict[str, str]:
+    """``"a:s b:i c:f d:b"`` -> ordered ``{column: dtype}``."""
+    short = {"s": STRING, "i": INT, "f": FLOAT, "b": BOOL}
+    out: dict[str, str] = {}
+    for item in spec.split():
+        name, kind = item.split(":")
+        out[name] = short[kind]
+    return out
+
+
+_ID = "model:s corpus:s "
+_BOUND_COLUMNS = "precision_bound:f recall_bound:f f_bound:f precision_inv_bound:f recall_inv_bound:f"
+
+SCHEMAS: dict[str, dict[str, str]] = {
+    "metrics": _cols(
+        _ID + "window:i layer:i head:i rule:s variant:s distance:s n:i "
+        "precision:f recall:f f_score:f margin:f inversions:f n_queries:i n_skipped:i "
+        "trivial:b " + _BOUND_COLUMNS
+    ),
+    "summary": _cols(
+        _ID + "scope:s layer:i head:i rule:s variant:s distance:s n:i metric:s "
+        "mean:f ci_low:f ci_high:f n_windows:i trivial:b"
+    ),
+    "sink": _cols(
+        _ID + "layer:i head:i n:i sink_position:i norm_ratio:f sink_cos_mean:f "
+        "sink_cos_pairwise:f sink_mass:f sink_in_top_n:f f_full_sink_selected:f "
+        "f_full_sink_unselected:f f_nosink_sink_selected:f f_nosink_sink_unselected:f "
+        "n_windows:i"
+    ),
+    "sink_positions": _cols(_ID + "layer:i head:i position:i mass_share:f n_windows:i"),
+    "taxonomy": _cols(
+        _ID + "layer:i head:i n_queries:i f_self:f f_sink:f f_other:f offset_entropy:f "
+        "sink_alignment:f self_alignment:f mean_output_norm:f regime:s"
+    ),
+    "bounds": _cols(
+        _ID + "layer:i head:i n:i kappa:f mu:f sink_cos:f precision_envelope:f "
+        "recall_envelope:f f_envelope:f certified:b largest_certified_n:f "
+        "precision_measured:f recall_measured:f f_measured:f violation_rate:f "
+        "violation_max:f"
+    ),
+    "assumptions": _cols(
+        _ID + "layer:i head:i norm_cv:f sink_norm_ratio:f cos_decay_lambda:f "
+        "cos_decay_mae:f negative_cos_share:f mass_sink:f mass_middle:f mass_recent:f"
+    ),
+    "pruning": _cols(
+        _ID + "ranker:s seed:i order:s keep_fraction:f heads_kept:i nll:f perplexity:f "
+        "delta_nll_rel:f"
+    ),
+    "rankings": _cols(_ID + "ranker:s seed:i order:s rank:i layer:i head:i score:f"),
+    "head_scan": _cols(
+        _ID + "layer:i head:i nll:f delta_nll_rel:f critical:b threshold:f"
+    ),
+    "restrict": _cols(
+        _ID + "scope:s layer:i head:i n:i renormalize:b nll:f perplexity:f delta_nll_rel:f"
+    ),
+    "restrict_nstar": _cols(
+        _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f"
+    ),
+}
+
+_MC = ("model", "corpus")
+ROW_KEYS: dict[str, tuple[str, ...]] = {
+    "metrics": (*_MC, "window", "layer", "head", "rule", "variant", "distance", "n"),
+    "summary": (*_MC, "scope", "layer", "head", "rule", "variant", "distance", "n", "metric"),
+    "sink": (*_MC, "layer", "head", "n"),
+    "sink_positions": (*_MC, "layer", "head", "position"),
+    "taxonomy": (*_MC, "layer", "head"),
+    "bounds": (*_MC, "layer", "head", "n"),
+    "assumptions": (*_MC, "layer", "head"),
+    "pruning": (*_MC, "ranker", "seed", "order", "keep_fraction"),
+    "rankings": (*_MC, "ranker", "seed", "order", "rank"),
+    "head_scan": (*_MC, "layer", "head"),
+    "restrict": (*_MC, "scope", "layer", "head", "n", "renormalize"),
+    "restrict_nstar": (*_MC, "scope", "layer", "head", "renormalize", "tau"),
+}
+
+TABLE_NAMES: tuple[str, ...] = tuple(SCHEMAS)
+
+
+def table_file(name: str) -> str:
+    """The file name of table ``name`` inside a run directory (``name.parquet``)."""
+    check_table_name(name)
+    return f"{name}.parquet"
+
+
+def check_table_name(name: str) -> None:
+    """Raise ``ConfigError`` unless ``name`` is one of ``TABLE_NAMES``."""
+    if name not in SCHEMAS:
+        raise ConfigError(
+            f"table: expected one of {', '.join(TABLE_NAMES)}, got {name!r}"
+        )
+
+
+def validate_table(name: str, df, *, source: str | None = None) -> None:
+    """Check that ``df`` holds every column of table ``name`` with a compatible dtype.
+
+    Missing columns, or a column whose values cannot be the schema's dtype (text in a
+    number column, numbers in a text column), raise ``ConfigError`` when the frame
+    is about to be written, or ``RunDirError`` naming ``source`` when it was read
+    from that file. Extra columns are allowed. An unknown ``name`` is a
+    ``ConfigError`` either way.
+
+    >>> import pandas as pd
+    >>> validate_table("head_scan", pd.DataFrame({"model": ["m"]}))
+    Traceback (most recent call last):
+    ...
+    attngeom.errors.ConfigError: table head_scan: missing columns corpus, layer, head, nll, \
+delta_nll_rel, critical, threshold
+    """
+    import pandas as pd
+    from pandas.api import types as pt
+
+    check_table_name(name)
+    where = f"table {name}" if source is None else f"{source} (table {name})"
+    error = ConfigError if source is None else RunDirError
+    missing = [c for c in SCHEMAS[name] if c not in df.columns]
+    if missing:
+        raise error(f"{where}: missing columns {', '.join(missing)}")
+    for column, dtype in SCHEMAS[name].items():
+        s = df[column]
+        if dtype == STRING:
+            ok = (
+                pt.is_string_dtype(s)
+                or pt.is_object_dtype(s)
+                or isinstance(s.dtype, pd.CategoricalDtype)
+            )
+        elif dtype == BOOL:
+            ok = pt.is_bool_dtype(s) or (pt.is_object_dtype(s) and _all_bool(s))
+        else:
+            ok = (pt.is_numeric_dtype(s) and not pt.is_complex_dtype(s)) or (
+                len(s) == 0 and pt.is_object_dtype(s)
+            )
+        if not ok:
+            raise error(f"{where}: column {column}: expected {dtype}, got {s.dtype}")
+
+
+def _all_bool(s) -> bool:
+    return all(isinstance(v, bool) for v in s.tolist())

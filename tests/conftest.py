@@ -1,0 +1,16 @@
+"""Test session settings: offline, one thread.
+
+STYLE habit 8: no network in tests, so a mistyped path fails at once rather than
+retrying the hub; one thread keeps the tiny models fast and the timings stable.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)

@@ -1,0 +1,250 @@
+"""Fast top-N metrics against the slow reference on generated inputs (SPEC 2, STYLE habit 3).
+
+The generated inputs are built so that the comparison is exact rather than lucky:
+
+- Euclidean: alphas are k/64 with small integers k and values small integers in
+  [-3, 3]. Every product and sum the fast path forms in float64 is then exact, so
+  its comparisons of g agree with the reference's exact squared distances even on
+  the many exact ties (equal alphas, duplicate and zero vectors) these inputs have.
+- Cosine: rounding may decide an exact-math tie between different numbers, so the
+  values are generic (normal) vectors in d >= 2 with no two distinct contributions
+  parallel, but with planted exact duplicates (same value and same alpha, hence the
+  same y and bit-identical distances in both implementations) and zero vectors.
+- Continuous: softmax of normal logits and normal values, where ties have
+  probability 0, for both distances.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:
+    from tests.reference_geometry import ATOL, RULES, assert_matches_reference, reference_topn
+except ImportError:  # tests/ itself is on sys.path when it is not a package
+    from reference_geometry import ATOL, RULES, assert_matches_reference, reference_topn
+
+geometry = pytest.importorskip("attngeom.core.geometry")
+if not hasattr(geometry, "topn_metrics"):
+    pytest.skip("attngeom.core.geometry.topn_metrics not written yet", allow_module_level=True)
+topn_metrics = geometry.topn_metrics
+
+DTYPES = (torch.float32, torch.float64)
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def divisors(n: int) -> list[int]:
+    return [g for g in range(1, n + 1) if n % g == 0]
+
+
+@st.composite
+def layouts(draw, min_dim: int = 1, max_keys: int = 10):
+    """Shapes, rule, variant, query positions, visibility, N grid and control coordinates."""
+    h = draw(st.integers(1, 4))
+    g = draw(st.sampled_from(divisors(h)))
+    t = draw(st.one_of(st.integers(1, max_keys), st.integers(5, max_keys)))
+    d = draw(st.integers(min_dim, 4))
+    q = draw(st.integers(1, min(3, t)))
+    rule = draw(st.sampled_from(RULES))
+    if draw(st.booleans()):
+        positions = None
+        pos_list = list(range(t - q, t))
+    else:
+        pos_list = sorted(draw(st.permutations(range(t)))[:q])
+        positions = torch.tensor(pos_list, dtype=torch.int64)
+    vis_mode = draw(st.sampled_from(["causal", "causal_holes", "broadcast", "per_head"]))
+    if vis_mode == "causal":
+        visible = None
+    else:
+        rows = 1 if vis_mode == "broadcast" else h
+        seen = st.sampled_from([True, True, True, False])  # mostly visible, some masked
+        bits = draw(st.lists(seen, min_size=rows * q * t, max_size=rows * q * t))
+        visible = torch.tensor(bits, dtype=torch.bool).reshape(rows, q, t)
+        if vis_mode == "causal_holes":  # holes punched into the causal mask
+            causal = torch.arange(t)[None, :] <= torch.tensor(pos_list)[:, None]
+            visible = visible & causal[None]
+    # N from 0 to T + 1, with at least one N that a full universe would allow
+    grid = draw(st.sets(st.integers(0, t + 1), min_size=0, max_size=4))
+    grid = sorted(grid | {draw(st.integers(1, max(1, t - 1)))})
+    return {
+        "shape": (h, g, q, t, d),
+        "kwargs": {
+            "rule": rule,
+            "visible": visible,
+            "exclude_sink": draw(st.booleans()),
+            "query_positions": positions,
+            "repeats": draw(st.integers(1, 3)),
+            "seed": draw(st.integers(0, 2**40)),
+            "window": draw(st.integers(0, 50)),
+            "layer": draw(st.integers(0, 40)),
+        },
+        "grid": grid,
+        "dtype": draw(st.sampled_from(DTYPES)),
+    }
+
+
+@st.composite
+def token_kinds(draw, t: int):
+    """Per token: -2 zero vector, -1 free, c >= 0 copy of an earlier token c."""
+    kinds = []
+    for j in range(t):
+        kinds.append(draw(st.integers(-2, j - 1)) if j else draw(st.integers(-2, -1)))
+    return kinds
+
+
+def apply_kinds(values: np.ndarray, kinds: list[int]) -> None:
+    """Zero or copy value vectors in place (every kv head alike)."""
+    for j, kind in enumerate(kinds):
+        if kind == -2:
+            values[:, j] = 0
+        elif kind >= 0:
+            values[:, j] = values[:, kind]
+
+
+@st.composite
+def dyadic_cases(draw):
+    """Euclidean inputs on which float64 arithmetic is exact."""
+    lay = draw(layouts())
+    h, g, q, t, d = lay["shape"]
+    ks = draw(st.lists(st.integers(0, 8), min_size=h * q * t, max_size=h * q * t))
+    alpha = np.array(ks, dtype=np.float64).reshape(h, q, t) / 64
+    ints = draw(st.lists(st.integers(-3, 3), min_size=g * t * d, max_size=g * t * d))
+    values = np.array(ints, dtype=np.float64).reshape(g, t, d)
+    kinds = draw(token_kinds(t))
+    apply_kinds(values, kinds)
+    if draw(st.booleans()):  # copies share the alpha too: exact duplicate contributions
+        for j, kind in enumerate(kinds):
+            if kind >= 0:
+                alpha[:, :, j] = alpha[:, :, kind]
+    lay["alpha"], lay["values"] = alpha, values
+    return lay
+
+
+@st.composite
+def cosine_cases(draw):
+    """Generic directions (d >= 2) with exact duplicates and zero vectors, dyadic alphas."""
+    lay = draw(layouts(min_dim=2))
+    h, g, q, t, d = lay["shape"]
+    ks = draw(st.lists(st.integers(0, 8), min_size=h * q * t, max_size=h * q * t))
+    alpha = np.array(ks, dtype=np.float64).reshape(h, q, t) / 64
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    values = rng.standard_normal((g, t, d))
+    kinds = draw(token_kinds(t))
+    apply_kinds(values, kinds)
+    # Two tokens with the same nonzero value vector must also share the alpha in every
+    # row, or their contributions would be distinct but parallel (an exact tie of the
+    # cosine distance that only rounding decides).
+    for j, kind in enumerate(kinds):
+        if kind >= 0:
+            root = kind
+            while kinds[root] >= 0:
+                root = kinds[root]
+            alpha[:, :, j] = alpha[:, :, root]
+    lay["alpha"], lay["values"] = alpha, values
+    return lay
+
+
+def compare(case, distance: str) -> None:
+    dtype = case["dtype"]
+    alpha = torch.tensor(case["alpha"], dtype=dtype)
+    values = torch.tensor(case["values"], dtype=dtype)
+    kwargs = dict(case["kwargs"], distance=distance)
+    ref = reference_topn(alpha, values, case["grid"], **kwargs)
+    fast = topn_metrics(alpha, values, case["grid"], **kwargs)
+    assert_matches_reference(fast, ref, atol=ATOL[dtype])
+
+
+@SETTINGS
+@given(case=dyadic_cases())
+def test_euclidean_dyadic_matches_reference(case):
+    compare(case, "euclidean")
+
+
+@SETTINGS
+@given(case=cosine_cases())
+def test_cosine_generic_matches_reference(case):
+    compare(case, "cosine")
+
+
+@st.composite
+def continuous_cases(draw):
+    """Softmax of normal logits over the visible keys, normal values: no ties."""
+    lay = draw(layouts())
+    h, g, q, t, d = lay["shape"]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    logits = rng.standard_normal((h, q, t)) * draw(st.sampled_from([0.5, 2.0, 6.0]))
+    vis = lay["kwargs"]["visible"]
+    if vis is None:
+        pos = lay["kwargs"]["query_positions"]
+        pos = np.arange(t - q, t) if pos is None else pos.numpy()
+        vis_np = np.arange(t)[None, None, :] <= pos[None, :, None]
+    else:
+        vis_np = vis.numpy()
+    vis_np = np.broadcast_to(vis_np, (h, q, t))
+    logits = np.where(vis_np, logits, -np.inf)
+    top = np.max(logits, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.exp(logits - top)
+    total = weights.sum(-1, keepdims=True)
+    lay["alpha"] = weights / np.where(total > 0, total, 1.0)
+    lay["values"] = rng.standard_normal((g, t, d)) * draw(st.sampled_from([0.1, 1.0, 10.0]))
+    return lay
+
+
+@SETTINGS
+@given(case=continuous_cases(), distance=st.sampled_from(["euclidean", "cosine"]))
+def test_continuous_matches_reference(case, distance):
+    compare(case, distance)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    distance=st.sampled_from(["euclidean", "cosine"]),
+    bad=st.sampled_from([math.inf, -math.inf, math.nan]),
+    where=st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 9)),
+)
+def test_nonfinite_alpha_matches_reference(data, distance, bad, where):
+    """A non-finite alpha skips its row only if the key is in the row's universe.
+
+    The reference flags a row when any alpha in its universe is non-finite and
+    leaves every entry of that row NaN (valid False); every other row is computed
+    as usual, and the whole result must still equal the reference.
+    """
+    case = data.draw(dyadic_cases() if distance == "euclidean" else cosine_cases())
+    h, _, q, t, _ = case["shape"]
+    case["alpha"][where[0] % h, where[1] % q, where[2] % t] = bad
+    dtype = case["dtype"]
+    alpha = torch.tensor(case["alpha"], dtype=dtype)
+    values = torch.tensor(case["values"], dtype=dtype)
+    kwargs = dict(case["kwargs"], distance=distance)
+    ref = reference_topn(alpha, values, case["grid"], **kwargs)
+    fast = topn_metrics(alpha, values, case["grid"], **kwargs)
+    nonfinite = fast.nonfinite.numpy()
+    assert np.array_equal(nonfinite, ref.nonfinite)
+    assert not fast.valid.numpy()[:, nonfinite].any()
+    for name in ("precision", "recall", "f_score", "margin", "inversions"):
+        assert np.isnan(getattr(fast, name).numpy()[:, nonfinite]).all(), name
+    assert_matches_reference(fast, ref, atol=ATOL[dtype])
+
+
+def test_reference_sees_nonfinite_only_in_universe():
+    """The reference itself: a NaN at a masked key or at an excluded sink flags nothing."""
+    alpha = torch.tensor([[[0.5, 0.25, 0.125, 0.125]], [[0.5, 0.25, 0.125, 0.125]]])
+    values = torch.tensor([[[1.0], [2.0], [-1.0], [3.0]]])
+    alpha[0, 0, 2] = math.nan  # masked for head 0
+    alpha[1, 0, 0] = math.nan  # the sink, excluded
+    visible = torch.tensor([[[True, True, False, True]], [[True, True, True, True]]])
+    ref = reference_topn(alpha, values, [1, 2], visible=visible, exclude_sink=True)
+    assert ref.nonfinite.tolist() == [[False], [False]]
+    assert ref.valid[0, 0, 0].tolist() == [True, False]  # |U| = 2 for head 0
+    assert ref.valid[0, 1, 0].tolist() == [True, True]
+    ref = reference_topn(alpha, values, [1, 2], visible=visible)
+    assert ref.nonfinite.tolist() == [[False], [True]]
