@@ -91,38 +91,51 @@ def layouts(draw, min_dim: int = 1, max_keys: int = 10):
 
 
 @st.composite
-def token_kinds(draw, t: int):
-    """Per token: -2 zero vector, -1 free, c >= 0 copy of an earlier token c."""
+def token_kinds(draw, t: int, max_negs: int | None = None):
+    """Per token: ("free", j), ("zero", j), ("copy", r) or ("neg", r) of a free token r < j.
+
+    Copies give duplicate vectors; negated copies give equal norms (hence exact
+    contribution-score ties when the alphas are equal) with different contributions.
+    """
     kinds = []
     for j in range(t):
-        kinds.append(draw(st.integers(-2, j - 1)) if j else draw(st.integers(-2, -1)))
+        free = [r for r in range(j) if kinds[r][0] == "free"]
+        negs = sum(kind == "neg" for kind, _ in kinds)
+        options = ["free", "zero"] + (["copy"] if free else [])
+        if free and (max_negs is None or negs < max_negs):
+            options.append("neg")
+        kind = draw(st.sampled_from(options))
+        kinds.append((kind, draw(st.sampled_from(free)) if kind in ("copy", "neg") else j))
     return kinds
 
 
-def apply_kinds(values: np.ndarray, kinds: list[int]) -> None:
-    """Zero or copy value vectors in place (every kv head alike)."""
-    for j, kind in enumerate(kinds):
-        if kind == -2:
+def apply_kinds(values: np.ndarray, alpha: np.ndarray, kinds, share_alpha: bool) -> None:
+    """Zero, copy or negate value vectors in place (every kv head alike).
+
+    With ``share_alpha`` a copied or negated token also takes its source's alpha in
+    every row (exact duplicates, or exact ties of the contribution score).
+    """
+    for j, (kind, root) in enumerate(kinds):
+        if kind == "zero":
             values[:, j] = 0
-        elif kind >= 0:
-            values[:, j] = values[:, kind]
+        elif kind in ("copy", "neg"):
+            values[:, j] = values[:, root] if kind == "copy" else -values[:, root]
+            if share_alpha:
+                alpha[:, :, j] = alpha[:, :, root]
 
 
 @st.composite
 def dyadic_cases(draw):
-    """Euclidean inputs on which float64 arithmetic is exact."""
+    """Euclidean inputs on which float64 arithmetic is exact, with many ties."""
     lay = draw(layouts())
     h, g, q, t, d = lay["shape"]
-    ks = draw(st.lists(st.integers(0, 8), min_size=h * q * t, max_size=h * q * t))
+    kmax = draw(st.sampled_from([2, 8]))  # few distinct alphas: many ties
+    vmax = draw(st.sampled_from([1, 3]))
+    ks = draw(st.lists(st.integers(0, kmax), min_size=h * q * t, max_size=h * q * t))
     alpha = np.array(ks, dtype=np.float64).reshape(h, q, t) / 64
-    ints = draw(st.lists(st.integers(-3, 3), min_size=g * t * d, max_size=g * t * d))
+    ints = draw(st.lists(st.integers(-vmax, vmax), min_size=g * t * d, max_size=g * t * d))
     values = np.array(ints, dtype=np.float64).reshape(g, t, d)
-    kinds = draw(token_kinds(t))
-    apply_kinds(values, kinds)
-    if draw(st.booleans()):  # copies share the alpha too: exact duplicate contributions
-        for j, kind in enumerate(kinds):
-            if kind >= 0:
-                alpha[:, :, j] = alpha[:, :, kind]
+    apply_kinds(values, alpha, draw(token_kinds(t)), share_alpha=draw(st.booleans()))
     lay["alpha"], lay["values"] = alpha, values
     return lay
 
@@ -136,17 +149,13 @@ def cosine_cases(draw):
     alpha = np.array(ks, dtype=np.float64).reshape(h, q, t) / 64
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     values = rng.standard_normal((g, t, d))
-    kinds = draw(token_kinds(t))
-    apply_kinds(values, kinds)
-    # Two tokens with the same nonzero value vector must also share the alpha in every
-    # row, or their contributions would be distinct but parallel (an exact tie of the
-    # cosine distance that only rounding decides).
-    for j, kind in enumerate(kinds):
-        if kind >= 0:
-            root = kind
-            while kinds[root] >= 0:
-                root = kinds[root]
-            alpha[:, :, j] = alpha[:, :, root]
+    # A copied vector must also share the alpha in every row, or the two
+    # contributions would be distinct but parallel (an exact tie of the cosine
+    # distance that only rounding decides). Negated copies are anti-parallel (no
+    # tie); they share the alpha too, for exact contribution-score ties. At most one
+    # negated copy: two cancelling pairs in I would make s zero in exact arithmetic
+    # but a rounding residual in float, where the cosine is meaningless.
+    apply_kinds(values, alpha, draw(token_kinds(t, max_negs=1)), share_alpha=True)
     lay["alpha"], lay["values"] = alpha, values
     return lay
 

@@ -1,4 +1,4 @@
-"""Small synthetic run directories, written with plain pandas + json.
+"""Small synthetic run directories, written with ``attngeom.results.io``.
 
 The tables follow the schemas of docs/internals.md with made-up but plausible
 numbers (attention beats random, sinks compressed and anti-aligned, a few
@@ -7,7 +7,6 @@ critical heads), small enough that every figure draws in well under a second.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -59,22 +58,22 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
                                          "recall_inv_bound": 0.5 * r if bound else np.nan})
     metrics = pd.DataFrame(rows)
 
-    summary_rows = []
     keys = ["rule", "variant", "distance", "n"]
+    cols = ["precision", "recall", "f_score", "margin", "inversions"]
+    frames = []
     for scope, by in (("model", []), ("layer", ["layer"]), ("head", ["layer", "head"])):
-        grouped = metrics.groupby(keys + by)
-        for key, g in grouped:
-            key = dict(zip(keys + by, key))
-            for metric in ("precision", "recall", "f_score", "margin", "inversions"):
-                per_window = g.groupby("window")[metric].mean()
-                mean = float(per_window.mean())
-                summary_rows.append({**mc, "scope": scope, "layer": key.get("layer", -1),
-                                     "head": key.get("head", -1), "rule": key["rule"],
-                                     "variant": key["variant"], "distance": key["distance"],
-                                     "n": key["n"], "metric": metric, "mean": mean,
-                                     "ci_low": mean - 0.04, "ci_high": mean + 0.04,
-                                     "n_windows": WINDOWS, "trivial": bool(key["n"] == 1)})
-    summary = pd.DataFrame(summary_rows)
+        per_window = metrics.groupby(keys + by + ["window"])[cols].mean()
+        means = per_window.groupby(level=list(range(len(keys) + len(by)))).mean()
+        long = means.reset_index().melt(id_vars=keys + by, var_name="metric", value_name="mean")
+        long["scope"] = scope
+        for column in ("layer", "head"):
+            if column not in long:
+                long[column] = -1
+        frames.append(long)
+    summary = pd.concat(frames, ignore_index=True).assign(**mc, n_windows=WINDOWS)
+    summary["ci_low"] = summary["mean"] - 0.04
+    summary["ci_high"] = summary["mean"] + 0.04
+    summary["trivial"] = summary["n"] == 1
 
     lh = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
     sink = pd.DataFrame([
@@ -176,12 +175,18 @@ def manifest_for(tables) -> dict:
     }
 
 
-def write_run(run_dir, tables=ALL_TABLES, seed: int = 0) -> Path:
-    """Write a synthetic run holding ``tables`` (names) into ``run_dir``."""
+def write_run(run_dir, tables=ALL_TABLES, seed: int = 0, frames=None) -> Path:
+    """Write a synthetic run holding ``tables`` (names) into ``run_dir``.
+
+    ``frames`` replaces the generated tables by name (e.g. an edited copy).
+    """
+    from attngeom.results.io import write_manifest, write_table
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    frames = make_tables(seed)
+    generated = make_tables(seed)
+    generated.update(frames or {})
     for name in tables:
-        frames[name].to_parquet(run_dir / f"{name}.parquet", index=False)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest_for(tables), indent=1))
+        write_table(run_dir, name, generated[name])
+    write_manifest(run_dir, manifest_for(tables))
     return run_dir

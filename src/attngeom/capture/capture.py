@@ -54,7 +54,8 @@ def _check_rows(query_rows: Sequence[int] | torch.Tensor | None) -> torch.Tensor
     if query_rows is None:
         return None
     rows = torch.as_tensor(query_rows)
-    if rows.dim() != 1 or rows.numel() == 0 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+    integer = not rows.dtype.is_floating_point and rows.dtype != torch.bool
+    if rows.dim() != 1 or rows.numel() == 0 or not integer:
         raise ConfigError(
             "expected query_rows to be None or a non-empty 1-D sequence of integer "
             f"positions, got {query_rows!r}"

@@ -2,8 +2,9 @@
 
 Before any analysis trusts captured probabilities, check on a short input that
 (a) the visible probabilities of every row sum to one, (b) keys the mask hides
-have probability exactly zero, (c) the model's output under capture equals its
-own forward, and (d) every layer was captured. A failure raises
+have probability exactly zero (in rows that see at least one key), (c) the
+model's output under capture equals its own forward, and (d) every layer was
+captured. A failure raises
 ``SelfCheckError`` naming the model class and what failed. Users run the same
 checks on their own model with ``check_model(model, tokenizer)``.
 """
@@ -113,7 +114,9 @@ def check_model(model: torch.nn.Module, tokenizer=None) -> CheckReport:
         sums = torch.where(visible, c.alpha, 0.0).sum(-1)
         err = (sums - 1.0).abs()[rows_with_keys]
         sum_error = max(sum_error, float(err.max()) if err.numel() else 0.0)
-        hidden = c.alpha[~visible]
+        # A row that sees no key at all (a padded query inside a sliding window)
+        # has no universe; the model's softmax spreads it uniformly, so skip it.
+        hidden = c.alpha[~visible & rows_with_keys[..., None]]
         masked = max(masked, float(hidden.abs().max()) if hidden.numel() else 0.0)
         if sum_error > tol.atol * 10 + tol.rtol:
             raise SelfCheckError(

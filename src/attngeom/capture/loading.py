@@ -23,6 +23,12 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+# Encoders whose config class also maps to a causal-LM head in transformers
+# (e.g. BertLMHeadModel); used only when a config lists no architectures.
+_ENCODER_MODEL_TYPES = (
+    "albert", "bert", "camembert", "deberta", "deberta-v2", "distilbert", "electra",
+    "ernie", "modernbert", "mpnet", "roberta", "xlm-roberta",
+)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -57,7 +63,9 @@ def _is_causal_config(config) -> bool:
         return any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures)
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING and not getattr(config, "is_decoder", True) is False
+    if getattr(config, "model_type", None) in _ENCODER_MODEL_TYPES:
+        return bool(getattr(config, "is_decoder", False))
+    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
 
 
 def load_model(
@@ -106,6 +114,8 @@ def load_model(
     try:
         model = model.to(device)
     except (RuntimeError, AssertionError) as error:
-        raise ModelError(f"cannot move model {name!r} to {device!r}: {_first_line(error)}") from None
+        raise ModelError(
+            f"cannot move model {name!r} to {device!r}: {_first_line(error)}"
+        ) from None
     model.eval()
     return model, tokenizer

@@ -55,10 +55,15 @@ class ValueStats:
         return self._gram
 
     @property
+    def sq_norms(self) -> Tensor:
+        """(G, T) squared norms ||v_j||^2: the Gram diagonal itself (exact, no sqrt)."""
+        return torch.diagonal(self.gram, dim1=-2, dim2=-1)
+
+    @property
     def norms(self) -> Tensor:
-        """(G, T) value norms ||v_j||, read off the Gram diagonal so both agree exactly."""
+        """(G, T) value norms ||v_j||, read off the Gram diagonal so both agree."""
         if self._norms is None:
-            self._norms = torch.diagonal(self.gram, dim1=-2, dim2=-1).clamp_min(0).sqrt()
+            self._norms = self.sq_norms.clamp_min(0).sqrt()
         return self._norms
 
 

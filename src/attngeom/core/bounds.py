@@ -215,7 +215,7 @@ def certified_bounds(
     mu / c_lo / c_hi (G,) -> ``precision_bound``, ``recall_bound``, ``f_bound`` each
     (H, Q, NN) float64, NaN where N is invalid (1 <= N < |U| required).
 
-    >>> v = torch.tensor([[[0.1, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])
+    >>> v = torch.tensor([[[0.1, 0.0], [1.0, 0.0], [0.0, 1.0], [-0.3, -0.3]]])
     >>> st = ValueStats(v)
     >>> alpha = torch.tensor([[[0.1, 0.6, 0.2, 0.1]]])
     >>> order = torch.tensor([[[1, 2, 0, 3]]])
@@ -238,8 +238,9 @@ def certified_bounds(
         raise ConfigError(f"stats: expected {t} keys, got {stats.num_keys}")
     g = stats.num_kv_heads
     for name, x in (("mu", mu), ("c_lo", c_lo), ("c_hi", c_hi)):
-        if tuple(torch.as_tensor(x).shape) != (g,):
-            raise ConfigError(f"{name}: expected shape ({g},), got {tuple(torch.as_tensor(x).shape)}")
+        shape = tuple(torch.as_tensor(x).shape)
+        if shape != (g,):
+            raise ConfigError(f"{name}: expected shape ({g},), got {shape}")
     universe = universe.to(torch.bool)
     order = order.to(torch.int64)
     usize = universe.sum(-1)
@@ -282,7 +283,7 @@ def random_direction_mu(T: int, d: int, delta: float) -> float:
     head dimension and the failure probability explicit.
 
     >>> round(random_direction_mu(1024, 64, 0.05), 4)
-    0.7109
+    0.7258
     """
     if int(T) != T or T < 1:
         raise ConfigError(f"T: expected an integer >= 1, got {T!r}")
@@ -320,7 +321,7 @@ def constant_norm_envelope(
     >>> env = constant_norm_envelope(torch.tensor([0.5, 0.3, 0.1, 0.05, 0.05]),
     ...                              [1, 2, 3], kappa=5.0, mu=0.2, sink_cos=-0.5)
     >>> env["recall_envelope"].tolist(), int(env["largest_certified_n"])
-    ([1.0, 1.0, 0.3333333333333333], 2)
+    ([1.0, 0.5, 0.3333333333333333], 1)
     """
     grid = check_n_grid(n_grid)
     prof = torch.as_tensor(alpha_profile, dtype=torch.float64)
@@ -331,7 +332,9 @@ def constant_norm_envelope(
         raise ConfigError("alpha_profile: expected non-negative attention weights")
     if isinstance(sink_cos, tuple):
         if len(sink_cos) != 2:
-            raise ConfigError(f"sink_cos: expected a value or a pair (c_lo, c_hi), got {sink_cos!r}")
+            raise ConfigError(
+                f"sink_cos: expected a value or a pair (c_lo, c_hi), got {sink_cos!r}"
+            )
         c_lo, c_hi = (_as_param(x, prof) for x in sink_cos)
     else:
         c_lo = c_hi = _as_param(sink_cos, prof)

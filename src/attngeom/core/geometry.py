@@ -37,6 +37,8 @@ METRICS = ("precision", "recall", "f_score", "margin", "inversions")
 COSINE_EPS = 1e-12
 _INT64_MAX = torch.iinfo(torch.int64).max
 _CHUNK_BYTES = 192 * 2**20
+_DENSE_RATIO = 24
+_CANCEL = 1e-13
 
 
 @dataclass
@@ -247,16 +249,34 @@ def _metrics_rows(
     sel = order_m[..., :nmax]
     a_sel = torch.gather(alpha_m, -1, sel)
     gram = stats.gram
-    gathered = torch.gather(
-        gram[:, None].expand(g, m, t, t), 3, sel[:, :, None, :].expand(g, m, t, nmax)
-    )
-    cum = torch.cumsum(gathered * a_sel[:, :, None, :], dim=-1)
-    cols = (grid.clamp(1, nmax) - 1)
-    inner = cum.index_select(-1, cols).transpose(-1, -2)  # (G, M, NN, T): <v_u, s_N>
-
-    kmask = torch.arange(nmax, device=alpha.device)[None, :] < grid[:, None]  # (NN, Nmax)
+    kmask = (torch.arange(nmax, device=alpha.device)[:, None] < grid[None, :]).to(alpha.dtype)
+    weights = a_sel[..., :, None] * kmask  # (G, M, Nmax, NN): alpha_sigma(k) [k < N]
+    # <v_u, s_N> = sum_k G[u, sigma(k)] weights[k, N]: the cumulative sum over the sorted
+    # keys read off at every N of the grid, as one matrix product
+    if t <= _DENSE_RATIO * nmax:
+        # scatter the weights to key positions and multiply by the whole Gram matrix:
+        # more flops than the gather, but one BLAS call wins while T is a small multiple
+        # of N_max
+        dense = torch.zeros(g, m, t, nn, dtype=alpha.dtype, device=alpha.device)
+        dense.scatter_(2, sel[..., None].expand(g, m, nmax, nn), weights)
+        dense = dense.permute(0, 2, 1, 3).reshape(g, t, m * nn)
+        inner = torch.bmm(gram, dense).reshape(g, t, m, nn).permute(0, 2, 3, 1).contiguous()
+    else:
+        gathered = torch.gather(
+            gram[:, None].expand(g, m, t, t), 3, sel[:, :, None, :].expand(g, m, t, nmax)
+        )  # (G, M, T, Nmax): G[u, sigma(k)]
+        inner = torch.matmul(gathered, weights).transpose(-1, -2).contiguous()
     inner_sel = torch.gather(inner, -1, sel[:, :, None, :].expand(g, m, nn, nmax))
-    s2 = (inner_sel * a_sel[:, :, None, :] * kmask).sum(-1)  # (G, M, NN) ||s_N||^2
+    s2 = (inner_sel * weights.transpose(-1, -2)).sum(-1)  # (G, M, NN): ||s_N||^2
+    # An aggregate that cancels exactly (e.g. two equal alphas on opposite values) is left
+    # with rounding noise of order eps * (sum alpha ||v||)^2; call it zero, as exact math
+    # does, so that cosine comparisons are not decided by that noise.
+    scale = (a_sel * torch.gather(stats.norms[:, None].expand(g, m, t), -1, sel))[:, :, None, :]
+    scale = (scale * kmask.T).sum(-1)
+    degenerate = s2 <= _CANCEL * scale * scale
+    s2 = s2.masked_fill(degenerate, 0.0)
+    inner = inner.masked_fill(degenerate[..., None], 0.0)
+    kmask = kmask.T.bool()  # (NN, Nmax)
 
     rank = torch.empty_like(order_m)
     rank.scatter_(-1, order_m, torch.arange(t, device=alpha.device).expand_as(order_m))
@@ -266,7 +286,7 @@ def _metrics_rows(
     a = alpha_m[:, :, None, :]
     norms = stats.norms[:, None, None, :]
     if distance == "euclidean":
-        close = 2.0 * a * inner - a * a * norms * norms
+        close = 2.0 * a * inner - a * a * stats.sq_norms[:, None, None, :]
     else:
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
 

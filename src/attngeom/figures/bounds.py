@@ -25,7 +25,9 @@ def fig_bounds(bounds, metrics=None, *, metric: str = "f_score", model=None, cor
 
     Each curve is the mean over heads (of ``layer`` only, when given); the band
     around the measurement is the interquartile range over heads. A dotted vertical
-    line marks the median over heads of ``largest_certified_n``. ``Drawn.lines`` keys:
+    line marks the median over heads of ``largest_certified_n``. For F the inversion
+    bound is the harmonic mean of the precision and recall inversion bounds (SPEC 2:
+    F is increasing in both). ``Drawn.lines`` keys:
     ``measured``, ``envelope``, ``certified`` and ``inversion`` (the last two only
     with ``metrics`` holding non-NaN bound columns).
     """
@@ -49,6 +51,13 @@ def fig_bounds(bounds, metrics=None, *, metric: str = "f_score", model=None, cor
     if metrics is not None:
         sub = pick(metrics, "metrics", model=model, corpus=corpus, layer=layer,
                    rule="attention", variant="full", distance="euclidean")
+        if metric == "f_score" and {"precision_inv_bound", "recall_inv_bound"} <= set(sub):
+            # F is increasing in P and R, so the harmonic mean of the two inversion
+            # bounds bounds F from below row by row (0 where both are 0).
+            p, r = sub["precision_inv_bound"], sub["recall_inv_bound"]
+            total = p + r
+            sub = sub.assign(f_inv_bound=(2 * p * r / total.where(total > 0)).where(
+                total > 0, 0.0).where(p.notna() & r.notna()))
         for key, column, color, linestyle, label in (
             ("certified", f"{prefix}_bound", "#0072B2", "--", "certified bound (angles)"),
             ("inversion", f"{prefix}_inv_bound", "#E69F00", "-.", "inversion bound"),

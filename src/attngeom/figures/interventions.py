@@ -64,6 +64,7 @@ def fig_pruning(pruning, *, model=None, corpus=None, ax=None, legend: bool = Tru
     positive = rows["perplexity"].to_numpy(float)
     if np.all(positive[np.isfinite(positive)] > 0):
         ax.set_yscale("log")
+        style.plain_log_ticks(ax.yaxis)
     ax.invert_xaxis()
     if legend:
         drawn.legend = ax.legend(loc="best")

@@ -93,6 +93,16 @@ def render_figures(run: RunTables, out_dir, formats=("png", "pdf")) -> RenderRes
     return RenderResult(figures=figures, notes=notes)
 
 
+def _shared_legend(fig, drawn) -> None:
+    """One legend above a multi-panel figure, from the panel with the most labelled artists."""
+    handles, labels = max((d.ax.get_legend_handles_labels() for d in drawn),
+                          key=lambda hl: len(hl[0]))
+    if handles:
+        chars = sum(len(label) for label in labels)
+        ncols = len(handles) if chars <= 80 else (len(handles) + 1) // 2
+        fig.legend(handles, labels, loc="outside upper center", ncols=max(1, ncols))
+
+
 def _groups(run: RunTables) -> list[tuple[str, str]]:
     pairs: set[tuple[str, str]] = set()
     for df in run.tables.values():
@@ -146,8 +156,9 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
     if summary is not None:
         def topn_model():
             fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
-            for i, (ax, metric) in enumerate(zip(axes, METRICS)):
-                fig_topn_curves(summary, metric=metric, ax=ax, legend=i == 0, **sel)
+            drawn = [fig_topn_curves(summary, metric=metric, ax=ax, legend=False, **sel)
+                     for ax, metric in zip(axes, METRICS)]
+            _shared_legend(fig, drawn)
             return fig
 
         plans.append((
@@ -162,9 +173,10 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
         if n_pick is not None:
             def topn_by_layer():
                 fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
-                for i, (ax, metric) in enumerate(zip(axes, METRICS)):
-                    fig_topn_by_layer(summary, n=n_pick, metric=metric, ax=ax,
-                                      legend=i == 0, **sel)
+                drawn = [fig_topn_by_layer(summary, n=n_pick, metric=metric, ax=ax,
+                                           legend=False, **sel)
+                         for ax, metric in zip(axes, METRICS)]
+                _shared_legend(fig, drawn)
                 return fig
 
             plans.append((
@@ -182,13 +194,15 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
                 for r, metric in enumerate(METRICS):
                     for c, layer in enumerate(depth_layers):
                         ax = axes[r][c]
-                        fig_topn_curves(summary, metric=metric, layer=layer, ax=ax,
-                                        legend=r == 0 and c == 0,
-                                        title=f"layer {layer}" if r == 0 else None, **sel)
+                        drawn = [fig_topn_curves(summary, metric=metric, layer=layer, ax=ax,
+                                                 legend=False,
+                                                 title=f"layer {layer}" if r == 0 else None,
+                                                 **sel)]
                         if c:
                             ax.set_ylabel("")
                         if r < len(METRICS) - 1:
                             ax.set_xlabel("")
+                _shared_legend(fig, drawn)
                 return fig
 
             plans.append((
@@ -260,8 +274,9 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
     if bounds is not None:
         def bounds_fig():
             fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
-            for i, (ax, metric) in enumerate(zip(axes, METRICS)):
-                fig_bounds(bounds, metrics, metric=metric, ax=ax, legend=i == 0, **sel)
+            drawn = [fig_bounds(bounds, metrics, metric=metric, ax=ax, legend=False, **sel)
+                     for ax, metric in zip(axes, METRICS)]
+            _shared_legend(fig, drawn)
             return fig
 
         plans.append((

@@ -39,6 +39,8 @@ def fig_sink_norm_ratio(sink, *, model=None, corpus=None, ax=None) -> Drawn:
     image, bar = draw_layer_head_map(
         ax, np.where(grid > 0, grid, np.nan), cmap="viridis", norm=norm,
         colorbar_label=r"$\overline{\|v_j\|}_{j\geq1}\;/\;\|v_0\|$ (ratio)")
+    if bar is not None and norm is not None:
+        style.plain_log_ticks(bar.ax.yaxis)
     ax.set_title("sink value-norm ratio")
     return Drawn(ax=ax, images=[image], colorbar=bar, data={"grid": grid})
 
@@ -89,5 +91,6 @@ def fig_sink_split(sink, *, model=None, corpus=None, ax=None, legend: bool = Tru
     ax.set_ylabel("F-score $F_N$ (mean over heads)")
     ax.set_ylim(-0.02, 1.04)
     if legend and drawn.lines:
-        drawn.legend = ax.legend(loc="best")
+        drawn.legend = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2,
+                                 borderaxespad=0.0)
     return drawn

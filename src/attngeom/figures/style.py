@@ -158,6 +158,13 @@ def set_n_axis(ax, ns) -> None:
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
 
 
+def plain_log_ticks(axis) -> None:
+    """Write log-axis ticks as plain numbers (20, 50) rather than 2 x 10^1."""
+    axis.set_major_locator(mpl.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(mpl.ticker.NullFormatter())
+
+
 def save(fig: Figure, out_dir: Path, name: str, formats=("png", "pdf")) -> list[Path]:
     """Write ``fig`` as ``out_dir/name.<fmt>`` for each format; return the paths."""
     out_dir = Path(out_dir)

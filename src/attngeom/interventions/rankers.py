@@ -391,9 +391,7 @@ def gradient_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8)
     return HeadRanking("gradient", _by_score(scores, descending=False), scores)
 
 
-def sensitivity_ranking(
-    model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8
-) -> HeadRanking:
+def sensitivity_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
     """Order heads by ascending single-head removal relative delta-NLL (SPEC 6 oracle).
 
     ``scores[l, h] = (nll without head (l, h) - nll) / nll`` on the ranking windows;

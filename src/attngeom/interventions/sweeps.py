@@ -205,9 +205,7 @@ def prune_sweep(
     if rank_ids is not None:
         rank_ids = check_windows(model, rank_ids, what="rank_ids")
     elif needs_data:
-        raise ConfigError(
-            f"rank_ids: rankers {needs_data} need ranking windows (N, T), got None"
-        )
+        raise ConfigError(f"rank_ids: rankers {needs_data} need ranking windows (N, T), got None")
     rank_w = _window_ids(rank_windows, None if rank_ids is None else rank_ids.shape[0],
                          "rank_windows")  # fmt: skip
     eval_w = _window_ids(eval_windows, eval_ids.shape[0], "eval_windows")
@@ -364,7 +362,9 @@ def restrict_sweep(
         raise ConfigError(f"scopes: expected a non-empty subset of {SCOPES}, got {scopes!r}")
     flags = [renormalize] if isinstance(renormalize, bool) else list(renormalize)
     if not flags or any(not isinstance(r, bool) for r in flags):
-        raise ConfigError(f"renormalize: expected True, False or a list of them, got {renormalize!r}")
+        raise ConfigError(
+            f"renormalize: expected True, False or a list of them, got {renormalize!r}"
+        )
     tau_list = list(taus)
     if not tau_list or any(
         not _is_real(t) or not math.isfinite(float(t)) or t < 0 for t in tau_list
@@ -388,11 +388,11 @@ def restrict_sweep(
     base = evaluate_nll(model, eval_ids, batch_size=batch_size)
     rows = []
     for scope, layer, head in targets:
-        kwargs = {}
-        if layer >= 0:
-            kwargs["layers"] = [layer]
+        kwargs: dict = {}
         if head >= 0:
-            kwargs["heads"] = [head]
+            kwargs["heads"] = [(layer, head)]
+        elif layer >= 0:
+            kwargs["layers"] = [layer]
         for flag in dict.fromkeys(flags):
             for n in ns:
                 with restrict_topn(model, n, renormalize=flag, **kwargs):
@@ -409,7 +409,11 @@ def restrict_sweep(
     for key, group in restrict.groupby(keys, sort=False):
         for tau in tau_list:
             nstar_rows.append(
-                (*key, float(tau), n_star(group["n"].tolist(), group["delta_nll_rel"].tolist(), tau))
+                (
+                    *key,
+                    float(tau),
+                    n_star(group["n"].tolist(), group["delta_nll_rel"].tolist(), tau),
+                )
             )
     nstar = pd.DataFrame(nstar_rows, columns=list(NSTAR_COLUMNS))
     nstar = nstar.astype({"layer": "int64", "head": "int64"})

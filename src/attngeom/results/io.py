@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from attngeom.errors import ConfigError, RunDirError
+from attngeom.results.manifest import config_fingerprint, to_json
 from attngeom.results.schemas import (
     BOOL,
     FLOAT,
@@ -205,7 +206,9 @@ def read_table(run_dir, name: str):
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise RunDirError(f"cannot read {path}: not a valid Parquet file ({_one_line(e)})") from None
+        raise RunDirError(
+            f"cannot read {path}: not a valid Parquet file ({_one_line(e)})"
+        ) from None
     df = table.to_pandas()
     validate_table(name, df, source=str(path))
     return df
@@ -220,42 +223,12 @@ def available_tables(run_dir) -> list[str]:
 # --------------------------------------------------------------------------- manifest
 
 
-def _jsonable(value):
-    """``json`` fallback: paths as strings, numpy scalars as Python numbers."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if hasattr(value, "item") and callable(value.item):
-        try:
-            return value.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serialisable")
-
-
-def dumps_json(obj, *, indent: int | None = 2) -> str:
-    """Canonical JSON: sorted keys, no NaN or infinity (``ConfigError`` naming the problem)."""
-    try:
-        return json.dumps(
-            obj,
-            sort_keys=True,
-            indent=indent,
-            separators=(",", ": ") if indent is not None else (",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-            default=_jsonable,
-        )
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"expected JSON-serialisable values, got {_one_line(e)}") from None
-
-
 def write_manifest(run_dir, manifest: dict) -> Path:
     """Write ``run_dir/manifest.json`` atomically (UTF-8, sorted keys, 2-space indent)."""
     if not isinstance(manifest, dict):
         raise ConfigError(f"manifest: expected a dict, got {type(manifest).__name__}")
     run_dir = _existing_dir(run_dir)
-    data = (dumps_json(manifest) + "\n").encode("utf-8")
+    data = (to_json(manifest) + "\n").encode("utf-8")
     return _atomic_write(run_dir / MANIFEST_NAME, lambda f: f.write(data))
 
 
@@ -333,8 +306,7 @@ def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool 
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"expected a results directory, got {run_dir} (a file)")
     if not run_dir.exists():
-        run_dir.mkdir(parents=True)
-        return run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)  # another process may race us here
     entries = sorted(run_dir.iterdir(), key=lambda p: p.name)
     if not entries:
         return run_dir
@@ -351,7 +323,9 @@ def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool 
     if manifest is not None and _same_run(manifest, command, fingerprint) and not overwrite:
         return run_dir
     if foreign:
-        what = "another run and " if manifest is not None else ""
+        what = "" if manifest is None else (
+            "this run and " if _same_run(manifest, command, fingerprint) else "another run and "
+        )
         raise RunDirError(
             f"{run_dir} holds {what}files attngeom did not write ({_describe(foreign)}); "
             "choose an empty or new directory"
@@ -380,8 +354,6 @@ def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool 
 def _fingerprint_of(manifest: dict) -> str | None:
     fp = manifest.get("fingerprint")
     if fp is None and isinstance(manifest.get("config"), dict):
-        from attngeom.results.manifest import config_fingerprint
-
         try:
             fp = config_fingerprint(manifest["config"])
         except ConfigError:

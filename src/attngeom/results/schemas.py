@@ -35,7 +35,9 @@ def _cols(spec: str) -> dict[str, str]:
 
 
 _ID = "model:s corpus:s "
-_BOUND_COLUMNS = "precision_bound:f recall_bound:f f_bound:f precision_inv_bound:f recall_inv_bound:f"
+_BOUND_COLUMNS = (
+    "precision_bound:f recall_bound:f f_bound:f precision_inv_bound:f recall_inv_bound:f"
+)
 
 SCHEMAS: dict[str, dict[str, str]] = {
     "metrics": _cols(

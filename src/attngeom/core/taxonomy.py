@@ -1,0 +1,328 @@
+"""Head taxonomy by source winner (SPEC 4): Retriever, Mixer, Reset.
+
+For each analysed query t >= 1 the winner is the key with the largest contribution,
+``w_t = argmax_{j in U_t} alpha[t, j] ||v_j||`` (ties to the smaller position), classed
+``self`` (w_t = t), ``sink`` (w_t = 0) or ``other``. A head is a **Retriever** if
+``self`` is its most frequent class, a **Mixer** if ``sink`` is, a **Reset** if
+``other`` is, ties resolved in that order; no threshold is fitted. A head without any
+valid query (t >= 1 with a non-empty universe) gets regime ``none`` and NaN fractions.
+
+The geometric signature uses the head output ``z_t = sum_j alpha[t, j] v_j`` only
+through inner products, read off the Gram matrix (SPEC 8):
+``<z_t, v_0> = sum_j alpha_j G[j, 0]``, ``<z_t, v_t> = sum_j alpha_j G[j, t]`` and
+``||z_t||^2 = alpha^T G alpha``. The last costs O(T^2) per row; when the head dimension
+d is smaller than T it is computed as ``||alpha V||^2`` instead (O(T d), the same number
+in exact arithmetic, and still no d-dimensional output is kept). A cosine with a zero
+vector is 0. ``offset_entropy`` is the Shannon entropy, in nats (natural log), of the
+distribution of winner offsets ``t - w_t`` (negative offsets occur in encoders).
+
+All statistics are pooled over the analysed queries of a layer (sums and counts), so
+query chunks and shards merge exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.bounds import SINK, safe_cos
+from attngeom.errors import ConfigError
+
+REGIMES = ("Retriever", "Mixer", "Reset")
+NO_REGIME = "none"
+TAXONOMY_COLUMNS = (
+    "layer", "head", "n_queries", "f_self", "f_sink", "f_other", "offset_entropy",
+    "sink_alignment", "self_alignment", "mean_output_norm", "regime",
+)
+
+
+def _grouped(x: Tensor, num_kv: int) -> Tensor:
+    """(H, Q, ...) -> (G, H/G, Q, ...): the heads of each kv group side by side."""
+    return x.reshape(num_kv, x.shape[0] // num_kv, *x.shape[1:])
+
+
+def _check_kv(kv_of_head: Tensor, h: int, g: int) -> None:
+    expected = torch.arange(h, device=kv_of_head.device) // (h // g)
+    if h % g != 0 or not torch.equal(kv_of_head.to(torch.int64), expected):
+        raise ConfigError(f"kv_of_head: expected h // (H / G) for H={h}, G={g}, got "
+                          f"{kv_of_head.tolist()}")
+
+
+def source_winners(alpha: Tensor, norms: Tensor, universe: Tensor) -> Tensor:
+    """Winner key per row, ``argmax_{j in U} alpha_j ||v_j||`` with ties to the smaller j.
+
+    Shapes: alpha (H, Q, T), norms (H, T) float64 (of each head's kv head), universe
+    (H, Q, T) bool -> (H, Q) int64 (T where the universe is empty).
+
+    >>> a = torch.tensor([[[0.2, 0.4, 0.4]]])
+    >>> source_winners(a, torch.tensor([[1.0, 1.0, 1.0]]), torch.ones(1, 1, 3, dtype=torch.bool))
+    tensor([[1]])
+    """
+    t = alpha.shape[-1]
+    contrib = alpha.to(torch.float64) * norms[:, None, :]
+    contrib = torch.where(universe, contrib, -torch.inf)
+    best = contrib.amax(-1, keepdim=True)
+    pos = torch.arange(t, device=alpha.device)
+    hit = universe & (contrib == best)
+    return torch.where(hit, pos, t).amin(-1)
+
+
+def output_inner_products(
+    alpha: Tensor, stats: ValueStats, kv_of_head: Tensor, query_positions: Tensor
+) -> dict[str, Tensor]:
+    """``<z_t, v_0>``, ``<z_t, v_t>`` and ``||z_t||^2`` of each head output (SPEC 4).
+
+    Shapes: alpha (H, Q, T), query_positions (Q,) -> ``z_sink``, ``z_self``, ``z_sq``
+    each (H, Q) float64.
+    """
+    h, q, t = alpha.shape
+    g = stats.num_kv_heads
+    _check_kv(kv_of_head, h, g)
+    a = _grouped(torch.where(torch.isfinite(alpha), alpha, 0.0).to(torch.float64), g)
+    gram = stats.gram.to(alpha.device)
+    z_sink = (a * gram[:, None, None, SINK, :]).sum(-1)
+    rows = gram[:, query_positions.to(device=alpha.device, dtype=torch.int64), :]  # (G, Q, T)
+    z_self = (a * rows[:, None]).sum(-1)
+    d = stats.values.shape[-1]
+    if d < t:
+        z = a.reshape(g, -1, t) @ stats.values64.to(alpha.device)
+        z_sq = (z * z).sum(-1).reshape(g, h // g, q)
+    else:
+        z_sq = ((a.reshape(g, -1, t) @ gram) * a.reshape(g, -1, t)).sum(-1).reshape(g, h // g, q)
+    return {
+        "z_sink": z_sink.reshape(h, q),
+        "z_self": z_self.reshape(h, q),
+        "z_sq": z_sq.reshape(h, q).clamp_min(0.0),
+    }
+
+
+def taxonomy_rows(batch: AttentionBatch) -> dict[str, Tensor]:
+    """Per analysed row: validity, winner, class, offset, alignments, output norm (SPEC 4).
+
+    Shapes: -> ``valid`` (H, Q) bool (t >= 1 and a non-empty universe), ``winner`` (H, Q)
+    int64, ``cls`` (H, Q) int64 (0 self, 1 sink, 2 other), ``offset`` (H, Q) int64
+    ``t - w_t``, ``sink_alignment``, ``self_alignment``, ``output_norm`` (H, Q) float64.
+    """
+    universe = batch.universe()
+    kv = batch.kv_of_head
+    norms = batch.stats.norms.to(batch.alpha.device)[kv]
+    winner = source_winners(batch.alpha, norms, universe)
+    tpos = batch.query_positions.to(device=batch.alpha.device, dtype=torch.int64)
+    valid = (tpos >= 1)[None, :] & universe.any(-1)
+    cls = torch.where(winner == tpos[None, :], 0, torch.where(winner == SINK, 1, 2))
+    alpha = torch.where(universe, batch.alpha, 0.0)
+    ip = output_inner_products(alpha, batch.stats, kv, tpos)
+    znorm = ip["z_sq"].sqrt()
+    n0 = norms[:, SINK][:, None]
+    nt = norms.gather(-1, tpos[None, :].expand(norms.shape[0], -1))
+    return {
+        "valid": valid,
+        "winner": winner,
+        "cls": cls,
+        "offset": tpos[None, :] - winner,
+        "sink_alignment": safe_cos(ip["z_sink"], znorm * n0),
+        "self_alignment": safe_cos(ip["z_self"], znorm * nt),
+        "output_norm": znorm,
+    }
+
+
+def classify_regime(n_self: np.ndarray, n_sink: np.ndarray, n_other: np.ndarray) -> np.ndarray:
+    """Regime per head from winner-class counts; ties Retriever > Mixer > Reset (SPEC 4).
+
+    >>> classify_regime(np.array([2, 1, 0, 1, 0]), np.array([2, 2, 0, 0, 0]),
+    ...                 np.array([0, 2, 3, 1, 0])).tolist()
+    ['Retriever', 'Mixer', 'Reset', 'Retriever', 'none']
+    """
+    n_self, n_sink, n_other = (np.asarray(x) for x in (n_self, n_sink, n_other))
+    total = n_self + n_sink + n_other
+    out = np.where(
+        (n_self >= n_sink) & (n_self >= n_other), REGIMES[0],
+        np.where(n_sink >= n_other, REGIMES[1], REGIMES[2]),
+    ).astype(object)
+    out[total == 0] = NO_REGIME
+    return out
+
+
+class _TaxLayer:
+    def __init__(self, num_heads: int) -> None:
+        self.num_heads = num_heads
+        self.sums = {k: np.zeros(num_heads) for k in (
+            "n", "n_self", "n_sink", "n_other", "sink_alignment", "self_alignment",
+            "output_norm")}
+        self.offsets_pos = np.zeros((num_heads, 0))  # offsets 0, 1, 2, ...
+        self.offsets_neg = np.zeros((num_heads, 0))  # offsets -1, -2, ...
+
+    def add_offsets(self, pos: np.ndarray, neg: np.ndarray) -> None:
+        self.offsets_pos = _add_padded(self.offsets_pos, pos)
+        self.offsets_neg = _add_padded(self.offsets_neg, neg)
+
+
+def _add_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    w = max(a.shape[1], b.shape[1])
+    return np.pad(a, ((0, 0), (0, w - a.shape[1]))) + np.pad(b, ((0, 0), (0, w - b.shape[1])))
+
+
+def _entropy(counts: np.ndarray) -> np.ndarray:
+    total = counts.sum(-1, keepdims=True)
+    p = np.where(total > 0, counts / np.maximum(total, 1), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    return np.where(total[..., 0] > 0, terms.sum(-1), np.nan)
+
+
+class TaxonomyAccumulator:
+    """Streaming head taxonomy for table ``taxonomy`` (SPEC 4); sums only, merge exact."""
+
+    table = "taxonomy"
+
+    def __init__(self) -> None:
+        self._layers: dict[int, _TaxLayer] = {}
+
+    def _layer(self, layer: int, num_heads: int) -> _TaxLayer:
+        st = self._layers.get(layer)
+        if st is None:
+            st = self._layers[layer] = _TaxLayer(num_heads)
+        elif st.num_heads != num_heads:
+            raise ConfigError(f"layer {layer}: expected {st.num_heads} heads, got {num_heads}")
+        return st
+
+    def update(self, batch: AttentionBatch) -> None:
+        """Add one query chunk."""
+        st = self._layer(batch.layer, batch.num_heads)
+        rows = taxonomy_rows(batch)
+        v = rows["valid"]
+        f = v.to(torch.float64)
+        add = {
+            "n": f,
+            "n_self": f * (rows["cls"] == 0),
+            "n_sink": f * (rows["cls"] == 1),
+            "n_other": f * (rows["cls"] == 2),
+            "sink_alignment": torch.where(v, rows["sink_alignment"], 0.0),
+            "self_alignment": torch.where(v, rows["self_alignment"], 0.0),
+            "output_norm": torch.where(v, rows["output_norm"], 0.0),
+        }
+        for k, x in add.items():
+            st.sums[k] += x.sum(-1).cpu().numpy()
+        t = batch.alpha.shape[-1]
+        h = batch.num_heads
+        off = rows["offset"]
+        head = torch.arange(h, device=off.device)[:, None].expand_as(off)
+        width = 2 * t - 1  # offsets -(T-1) .. T-1
+        flat = head[v] * width + (off[v] + t - 1)
+        hist = torch.bincount(flat, minlength=h * width).reshape(h, width)
+        hist = hist.to(torch.float64).cpu().numpy()
+        st.add_offsets(hist[:, t - 1 :], hist[:, : t - 1][:, ::-1])
+
+    def merge(self, other: TaxonomyAccumulator) -> TaxonomyAccumulator:
+        """Add another shard's state; returns self."""
+        if not isinstance(other, TaxonomyAccumulator):
+            raise ConfigError(f"expected a TaxonomyAccumulator, got {type(other).__name__}")
+        for layer, ost in other._layers.items():
+            st = self._layer(layer, ost.num_heads)
+            for k in st.sums:
+                st.sums[k] = st.sums[k] + ost.sums[k]
+            st.add_offsets(ost.offsets_pos, ost.offsets_neg)
+        return self
+
+    def compute(self) -> dict[str, np.ndarray]:
+        """Columns of table ``taxonomy``: one row per (layer, head)."""
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in TAXONOMY_COLUMNS}
+        for layer in sorted(self._layers):
+            st = self._layers[layer]
+            s = st.sums
+            n = s["n"]
+
+            def ratio(x: np.ndarray, n: np.ndarray = n) -> np.ndarray:
+                return np.where(n > 0, x / np.maximum(n, 1), np.nan)
+
+            cols["layer"].append(np.full(st.num_heads, layer, dtype=np.int64))
+            cols["head"].append(np.arange(st.num_heads, dtype=np.int64))
+            cols["n_queries"].append(n.astype(np.int64))
+            cols["f_self"].append(ratio(s["n_self"]))
+            cols["f_sink"].append(ratio(s["n_sink"]))
+            cols["f_other"].append(ratio(s["n_other"]))
+            cols["offset_entropy"].append(
+                _entropy(np.concatenate([st.offsets_pos, st.offsets_neg], -1)))
+            cols["sink_alignment"].append(ratio(s["sink_alignment"]))
+            cols["self_alignment"].append(ratio(s["self_alignment"]))
+            cols["mean_output_norm"].append(ratio(s["output_norm"]))
+            cols["regime"].append(classify_regime(s["n_self"], s["n_sink"], s["n_other"]))
+        out = {}
+        for c, parts in cols.items():
+            if parts:
+                out[c] = np.concatenate(parts)
+            else:
+                dtype = (np.int64 if c in ("layer", "head", "n_queries")
+                         else object if c == "regime" else np.float64)
+                out[c] = np.zeros(0, dtype=dtype)
+        return out
+
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{"taxonomy": compute()}``."""
+        return {self.table: self.compute()}
+
+
+def regime_shares_by_layer(table: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
+    """Share of each layer's heads in each regime, from taxonomy columns (SPEC 4).
+
+    ``table`` needs ``layer`` and ``regime``. Every layer gets a row for each of
+    Retriever, Mixer, Reset (share 0 if absent) and a ``none`` row only when some head
+    has no valid query; shares are over all heads of the layer.
+
+    >>> out = regime_shares_by_layer({"layer": [0, 0, 0, 0], "regime": ["Mixer", "Mixer",
+    ...                               "Reset", "Retriever"]})
+    >>> out["regime"].tolist(), out["share"].tolist()
+    (['Retriever', 'Mixer', 'Reset'], [0.25, 0.5, 0.25])
+    """
+    layers = np.asarray(table["layer"], dtype=np.int64)
+    regimes = np.asarray(table["regime"], dtype=object)
+    if layers.shape != regimes.shape:
+        raise ConfigError(f"expected equal-length layer and regime columns, got "
+                          f"{layers.shape[0]} and {regimes.shape[0]}")
+    known = set(REGIMES) | {NO_REGIME}
+    unknown = sorted(set(regimes.tolist()) - known)
+    if unknown:
+        raise ConfigError(f"regime: expected one of {sorted(known)}, got {unknown[0]!r}")
+    out_layer, out_regime, out_share = [], [], []
+    for layer in np.unique(layers):
+        sel = regimes[layers == layer]
+        names = list(REGIMES) + ([NO_REGIME] if (sel == NO_REGIME).any() else [])
+        for name in names:
+            out_layer.append(int(layer))
+            out_regime.append(name)
+            out_share.append(float((sel == name).mean()))
+    return {
+        "layer": np.asarray(out_layer, dtype=np.int64),
+        "regime": np.asarray(out_regime, dtype=object),
+        "share": np.asarray(out_share, dtype=np.float64),
+    }
+
+
+def alignment_by_regime(table: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
+    """Mean sink and self alignment of the heads of each regime (SPEC 4, "report both").
+
+    >>> out = alignment_by_regime({"regime": ["Mixer", "Mixer", "Retriever"],
+    ...     "sink_alignment": [0.8, 0.6, 0.1], "self_alignment": [0.0, 0.2, 0.9]})
+    >>> out["regime"].tolist(), out["sink_alignment"].round(3).tolist(), out["n_heads"].tolist()
+    (['Retriever', 'Mixer', 'Reset'], [0.1, 0.7, nan], [1, 2, 0])
+    """
+    regimes = np.asarray(table["regime"], dtype=object)
+    sa = np.asarray(table["sink_alignment"], dtype=np.float64)
+    se = np.asarray(table["self_alignment"], dtype=np.float64)
+    rows = {"regime": [], "n_heads": [], "sink_alignment": [], "self_alignment": []}
+    for name in REGIMES:
+        sel = regimes == name
+        rows["regime"].append(name)
+        rows["n_heads"].append(int(sel.sum()))
+        rows["sink_alignment"].append(float(sa[sel].mean()) if sel.any() else np.nan)
+        rows["self_alignment"].append(float(se[sel].mean()) if sel.any() else np.nan)
+    return {
+        "regime": np.asarray(rows["regime"], dtype=object),
+        "n_heads": np.asarray(rows["n_heads"], dtype=np.int64),
+        "sink_alignment": np.asarray(rows["sink_alignment"]),
+        "self_alignment": np.asarray(rows["self_alignment"]),
+    }

@@ -1,0 +1,142 @@
+"""Top-N attention restriction, a geometry-aware sparsification (SPEC 6).
+
+Inside ``restrict_topn(model, n, ...)`` each selected head keeps only the n
+largest visible attention probabilities of every query row (ties to the
+smaller position, as every SPEC 2 rule), optionally renormalised to sum to one,
+and its output is recomputed from the modified probabilities. It runs on the
+same registered attention function as capture (``attngeom.capture
+.override_attention``): the probabilities come from the model family's own
+eager function, so scaling, softcapping, windows and GQA are the model's;
+unselected layers keep the model's own implementation. On exit the model is
+bit-identical to before (STYLE habit 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from attngeom.capture import AttentionCall, model_layout, override_attention, repeat_kv
+from attngeom.errors import ConfigError
+
+
+def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tensor:
+    """Boolean (…, T) mask of the n largest visible entries of each row.
+
+    Ties go to the smaller position: a stable descending sort keeps equal
+    probabilities in position order. Invisible keys are never kept; a row with
+    fewer than n visible keys keeps all of them.
+    """
+    visible = visible.expand_as(probs)
+    score = torch.where(visible, probs, torch.full_like(probs, -1.0))
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+    keep = torch.zeros_like(visible)
+    keep.scatter_(-1, order[..., :n], True)
+    return keep & visible
+
+
+def restrict_probabilities(
+    probs: torch.Tensor, visible: torch.Tensor, n: int, renormalize: bool
+) -> torch.Tensor:
+    """Zero all but the top-n visible probabilities per row; optionally renormalise.
+
+    ``probs`` (B, H, Q, T), ``visible`` broadcastable to it. Rows where nothing
+    was dropped are returned unchanged (so n >= |U_t| is exactly the identity on
+    the probabilities); a row with no visible key stays as it was.
+    """
+    keep = topn_keep(probs, visible, n)
+    dropped = (visible.expand_as(probs) & ~keep).any(-1, keepdim=True)
+    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    if renormalize:
+        total = kept.sum(-1, keepdim=True)
+        kept = torch.where(total > 0, kept / total.clamp_min(torch.finfo(probs.dtype).tiny), kept)
+    return torch.where(dropped, kept, probs)
+
+
+def _check_int(value: object, what: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected {what} to be an integer, got {value!r}")
+    if value < low or (high is not None and value >= high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ConfigError(f"expected {what} {bound}, got {value}")
+    return value
+
+
+def _selection(
+    model: torch.nn.Module,
+    layers: Iterable[int] | None,
+    heads: Iterable[tuple[int, int]] | None,
+) -> dict[int, list[int] | None]:
+    """layer -> selected heads (``None``: all heads of the layer)."""
+    layout = model_layout(model)
+    chosen_layers = None
+    if layers is not None:
+        chosen_layers = sorted(
+            {_check_int(i, "layer", 0, layout.num_layers) for i in layers}
+        )
+        if not chosen_layers:
+            raise ConfigError("expected layers to be None or a non-empty list, got []")
+    if heads is None:
+        targets = range(layout.num_layers) if chosen_layers is None else chosen_layers
+        return {layer: None for layer in targets}
+    selected: dict[int, list[int]] = {}
+    for item in heads:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ConfigError(f"expected heads as (layer, head) pairs, got {item!r}")
+        layer = _check_int(item[0], "head layer", 0, layout.num_layers)
+        head = _check_int(item[1], "head index", 0, layout.num_heads)
+        if chosen_layers is not None and layer not in chosen_layers:
+            raise ConfigError(
+                f"expected every head's layer in layers={chosen_layers}, got ({layer}, {head})"
+            )
+        selected.setdefault(layer, [])
+        if head not in selected[layer]:
+            selected[layer].append(head)
+    if not selected:
+        raise ConfigError("expected heads to be None or a non-empty list, got []")
+    return {layer: sorted(h) for layer, h in sorted(selected.items())}
+
+
+@contextlib.contextmanager
+def restrict_topn(
+    model: torch.nn.Module,
+    n: int,
+    *,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[tuple[int, int]] | None = None,
+    renormalize: bool = True,
+) -> Iterator[None]:
+    """Keep only the top-``n`` attention entries per query row in the selected heads.
+
+    ``layers``: layer indices (``None``: all); ``heads``: ``(layer, head)``
+    pairs (``None``: all heads of the selected layers). ``renormalize``: rescale
+    the kept probabilities to sum to one (otherwise the dropped mass is lost).
+    Bad arguments raise ``ConfigError`` before any forward.
+
+    >>> with restrict_topn(model, 8, layers=[0, 1]):   # doctest: +SKIP
+    ...     nll = model(ids, labels=ids).loss
+    """
+    n = _check_int(n, "n", 1)
+    if not isinstance(renormalize, bool):
+        raise ConfigError(f"expected renormalize to be True or False, got {renormalize!r}")
+    selection = _selection(model, layers, heads)
+
+    def handler(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if call.layer not in selection:
+            return call.previous()
+        _, probs = call.eager()
+        restricted = restrict_probabilities(probs, call.visible(), n, renormalize)
+        chosen = selection[call.layer]
+        if chosen is not None:
+            head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)
+            head_mask[chosen] = True
+            restricted = torch.where(head_mask[None, :, None, None], restricted, probs)
+        groups = probs.shape[1] // call.value.shape[1]
+        values = repeat_kv(call.value, groups)
+        output = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2).contiguous()
+        return output, restricted
+
+    with override_attention(model, handler):
+        yield

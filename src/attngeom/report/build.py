@@ -1,0 +1,205 @@
+"""``build_report(run_dir)``: one self-contained HTML page describing a run.
+
+The page holds the run's manifest, a summary of findings in plain numbers, every
+figure ``attngeom.figures`` can draw from the run (embedded as base64 PNG), the
+key tables and a list of every table the run holds. Sections appear only for
+what the run holds; figures that could not be drawn are listed with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attngeom.figures.render import RenderedFigure, render_figures
+from attngeom.figures.runtables import RunTables, load_run
+from attngeom.figures.style import DPI
+from attngeom.report import findings as F
+from attngeom.report.html import (
+    esc,
+    facts_html,
+    figure_html,
+    fmt,
+    json_details,
+    page,
+    table_html,
+)
+
+SECTIONS = (
+    ("separability", "Top-N separability", ("summary", "metrics")),
+    ("sink", "Attention sink", ("sink", "sink_positions")),
+    ("taxonomy", "Head taxonomy", ("taxonomy",)),
+    ("bounds", "Certified bounds and assumptions", ("bounds", "assumptions")),
+    ("interventions", "Interventions", ("pruning", "head_scan", "restrict", "restrict_nstar")),
+)
+
+
+def build_report(run_dir, *, formats=("png", "pdf")) -> Path:
+    """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``).
+
+    Raises ``attngeom.errors.RunDirError`` naming the file when ``run_dir`` is not a
+    run or one of its listed tables is missing or unreadable.
+
+    >>> build_report("runs/demo")  # doctest: +SKIP
+    PosixPath('runs/demo/report/index.html')
+    """
+    run = load_run(run_dir)
+    out = Path(run_dir) / "report"
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    rendered = render_figures(run, fig_dir, formats=formats)
+    notes = list(rendered.notes)
+    notes += [f"manifest.json lists table {name!r}, which this version of attngeom does not "
+              "know; it is not shown" for name in run.unknown]
+    html = render_html(run, rendered.figures, notes, base=out)
+    index = out / "index.html"
+    index.write_text(html, encoding="utf-8")
+    return index
+
+
+def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
+                base: Path) -> str:
+    manifest = run.manifest
+    model = manifest.get("model") or {}
+    corpus = manifest.get("corpus") or {}
+    title = f"attngeom report: {model.get('name', run.run_dir.name)}"
+    subtitle = " | ".join(str(x) for x in (
+        f"corpus {corpus['name']}" if corpus.get("name") else None,
+        f"created {manifest['created']}" if manifest.get("created") else None,
+        f"attngeom {manifest['attngeom_version']}" if manifest.get("attngeom_version")
+        else None,
+    ) if x)
+
+    summary = run.get("summary")
+    if summary is None and run.get("metrics") is not None:
+        from attngeom.figures.separability import summary_from_metrics
+
+        summary = summary_from_metrics(run.get("metrics"))
+
+    blocks: list[tuple[str, str, str]] = [("run", "Run", _manifest_section(run))]
+    sentences = _findings(run, summary)
+    if sentences:
+        items = "".join(f"<li>{esc(s)}</li>" for s in sentences)
+        blocks.append(("findings", "Findings", f'<ul class="findings">{items}</ul>'))
+
+    key_tables = {
+        "separability": F.separability_tables(summary),
+        "sink": F.sink_tables(run.get("sink"), run.get("sink_positions")),
+        "taxonomy": F.taxonomy_tables(run.get("taxonomy")),
+        "bounds": F.bounds_tables(run.get("bounds"), run.get("assumptions")),
+        "interventions": (F.pruning_tables(run.get("pruning"))
+                          + F.head_scan_tables(run.get("head_scan"))
+                          + F.restrict_tables(run.get("restrict"), run.get("restrict_nstar"))),
+    }
+    for section, heading, _tables in SECTIONS:
+        figs = [f for f in figures if f.section == section]
+        tabs = key_tables.get(section, [])
+        if not figs and not tabs:
+            continue
+        parts = [figure_html(f.name, f.title, f.caption, f.png, _pdf(f), f.tables, DPI, base)
+                 for f in figs]
+        parts += [table_html(_drop_constant_keys(df), caption=cap) for cap, df in tabs]
+        blocks.append((section, heading, "".join(parts)))
+
+    blocks.append(("tables", "Tables in this run", _tables_section(run)))
+    if notes:
+        blocks.append(("notes", "Notes",
+                       "".join(f'<p class="note">{esc(n)}</p>' for n in notes)))
+
+    body = "".join(f'<section id="{esc(anchor)}"><h2>{esc(heading)}</h2>{content}</section>'
+                   for anchor, heading, content in blocks)
+    toc = [(anchor, heading) for anchor, heading, _ in blocks]
+    return page(title, subtitle, toc, body)
+
+
+def _drop_constant_keys(df):
+    """Drop ``model`` / ``corpus`` index levels that hold one value (the manifest says it)."""
+    names = list(df.index.names)
+    drop = [n for n in ("model", "corpus")
+            if n in names and df.index.get_level_values(n).nunique() == 1]
+    if drop and len(drop) < len(names):
+        df = df.droplevel(drop)
+    return df
+
+
+def _pdf(figure: RenderedFigure):
+    return next((p for p in figure.files if p.suffix == ".pdf"), None)
+
+
+def _findings(run: RunTables, summary) -> list[str]:
+    out: list[str] = []
+    groups = _groups(run)
+    for model, corpus in groups:
+        label = f"[{model}, {corpus}] " if len(groups) > 1 else ""
+
+        def only(df, model=model, corpus=corpus):
+            if df is None:
+                return None
+            sub = df[(df["model"].astype(str) == model) & (df["corpus"].astype(str) == corpus)]
+            return sub if len(sub) else None
+
+        out += F.separability_findings(only(summary), label)
+        out += F.sink_findings(only(run.get("sink")), label)
+        out += F.taxonomy_findings(only(run.get("taxonomy")), label)
+        out += F.bounds_findings(only(run.get("bounds")), label)
+        out += F.pruning_findings(only(run.get("pruning")), label)
+        out += F.head_scan_findings(only(run.get("head_scan")), label)
+        out += F.restrict_findings(only(run.get("restrict")), only(run.get("restrict_nstar")),
+                                   label)
+    return out
+
+
+def _groups(run: RunTables):
+    pairs = set()
+    for df in run.tables.values():
+        if len(df) and {"model", "corpus"} <= set(df.columns):
+            pairs |= set(map(tuple, df[["model", "corpus"]].drop_duplicates().astype(str)
+                             .itertuples(index=False)))
+    return sorted(pairs)
+
+
+def _manifest_section(run: RunTables) -> str:
+    m = run.manifest
+    model = m.get("model") or {}
+    corpus = m.get("corpus") or {}
+    facts = [("run directory", str(run.run_dir))]
+    if m.get("command"):
+        facts.append(("command", m["command"]))
+    if model:
+        shape = ", ".join(f"{fmt(model[k])} {label}" for k, label in (
+            ("num_layers", "layers"), ("num_heads", "heads"), ("num_kv_heads", "kv heads"),
+            ("head_dim", "head dim")) if k in model)
+        facts.append(("model", f"{model.get('name', '?')} ({model.get('class', '?')})"))
+        if shape:
+            facts.append(("model shape", shape))
+        if model.get("sha256"):
+            facts.append(("model sha256", model["sha256"]))
+    if corpus:
+        facts.append(("corpus", f"{corpus.get('name', '?')}: {fmt(corpus.get('n_windows'))} "
+                                f"windows of {fmt(corpus.get('window_length'))} tokens"))
+        if corpus.get("sha256"):
+            facts.append(("corpus sha256", corpus["sha256"]))
+    if "seed" in m:
+        facts.append(("seed", m["seed"]))
+    for key in ("versions", "timings", "counts"):
+        value = m.get(key)
+        if isinstance(value, dict) and value:
+            facts.append((key, ", ".join(f"{k} {fmt(v)}" for k, v in value.items())))
+    if m.get("created"):
+        facts.append(("created", m["created"]))
+    parts = [facts_html(facts)]
+    if m.get("config"):
+        parts.append(json_details("configuration", m["config"]))
+    parts.append(json_details("full manifest.json", m))
+    return "".join(parts)
+
+
+def _tables_section(run: RunTables) -> str:
+    import pandas as pd
+
+    rows = [{"table": name, "file": run.files.get(name, f"{name}.parquet"),
+             "rows": len(df), "columns": ", ".join(map(str, df.columns))}
+            for name, df in run.tables.items()]
+    if not rows:
+        return '<p class="note">The manifest lists no tables.</p>'
+    df = pd.DataFrame(rows).set_index("table")
+    return table_html(df, table_id="table-list")

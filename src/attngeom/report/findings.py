@@ -1,0 +1,276 @@
+"""Plain-number findings and key tables, one function per kind of table.
+
+Each ``*_findings`` returns sentences (empty when the table is absent); each
+``*_tables`` returns ``(caption, DataFrame)`` pairs. Numbers come straight from
+the run's tables; nothing here refits or resamples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from attngeom.report.html import fmt
+
+REGIMES = ("Retriever", "Mixer", "Reset", "none")
+
+
+def _main(summary):
+    """Model-scope, full-universe rows, Euclidean when the run has it."""
+    rows = summary[(summary["scope"] == "model") & (summary["variant"] == "full")]
+    if "euclidean" in set(rows["distance"]):
+        rows = rows[rows["distance"] == "euclidean"]
+    else:
+        rows = rows[rows["distance"] == rows["distance"].iloc[0]] if len(rows) else rows
+    return rows
+
+
+def _pick_n(rows):
+    nontrivial = rows[~rows["trivial"].astype(bool)]
+    return int(nontrivial["n"].min()) if len(nontrivial) else None
+
+
+def _ci(row) -> str:
+    if np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"]):
+        return f"{fmt(row['mean'])} (95% CI {fmt(row['ci_low'])} to {fmt(row['ci_high'])})"
+    return fmt(row["mean"])
+
+
+def separability_findings(summary, model_label: str = "") -> list[str]:
+    if summary is None:
+        return []
+    rows = _main(summary)
+    out = []
+    n = _pick_n(rows)
+    if n is None:
+        return out
+    for pick_n in sorted({n, int(rows["n"].max())}):
+        at = rows[(rows["n"] == pick_n) & (rows["metric"] == "f_score")].set_index("rule")
+        if "attention" not in at.index:
+            continue
+        text = f"{model_label}F-score at N = {pick_n}: attention-selected sets {_ci(at.loc['attention'])}"
+        if "random" in at.index:
+            text += f", random sets {_ci(at.loc['random'])}"
+        if "contribution" in at.index:
+            text += f", contribution-ranked {_ci(at.loc['contribution'])}"
+        out.append(text + ".")
+    full = summary[(summary["scope"] == "model") & (summary["rule"] == "attention")
+                   & (summary["metric"] == "f_score") & (summary["n"] == n)]
+    by_variant = full.groupby("variant")["mean"].mean()
+    if {"full", "no_sink"} <= set(by_variant.index):
+        out.append(f"{model_label}Excluding the sink from the universe moves attention F at "
+                   f"N = {n} from {fmt(by_variant['full'])} to {fmt(by_variant['no_sink'])}.")
+    return out
+
+
+def separability_tables(summary) -> list[tuple[str, pd.DataFrame]]:
+    if summary is None:
+        return []
+    rows = _main(summary)
+    rows = rows[rows["metric"].isin(["precision", "recall", "f_score"])]
+    if rows.empty:
+        return []
+    cell = rows.assign(value=[
+        fmt(m) if not (np.isfinite(lo) and np.isfinite(hi))
+        else f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]"
+        for m, lo, hi in rows[["mean", "ci_low", "ci_high"]].itertuples(index=False)])
+    table = cell.pivot_table(index=["model", "corpus", "metric", "rule"], columns="n", values="value",
+                             aggfunc="first")
+    table.columns = [f"N={c}" for c in table.columns]
+    return [("Model-wide P, R and F by rule and N (mean [95% CI])", table)]
+
+
+def sink_findings(sink, model_label: str = "") -> list[str]:
+    if sink is None:
+        return []
+    per_head = sink.groupby(["layer", "head"]).agg(
+        norm_ratio=("norm_ratio", "mean"), cos=("sink_cos_mean", "mean"),
+        mass=("sink_mass", "mean"))
+    h = len(per_head)
+    out = [f"{model_label}Sink value norm: the mean non-sink value norm is "
+           f"{fmt(per_head['norm_ratio'].median())} times the sink's (median over {h} heads; "
+           f"range {fmt(per_head['norm_ratio'].min())} to {fmt(per_head['norm_ratio'].max())})."]
+    negative = int((per_head["cos"] < 0).sum())
+    out.append(f"{model_label}The sink's value points against the mean non-sink value "
+               f"(negative cosine) in {negative} of {h} heads; median cosine "
+               f"{fmt(per_head['cos'].median())}. Mean attention mass on the sink: "
+               f"{fmt(per_head['mass'].mean())}.")
+    n0 = int(sink["n"].min())
+    nontrivial = sink[sink["n"] > 1]
+    if len(nontrivial):
+        n0 = int(nontrivial["n"].min())
+    at = sink[sink["n"] == n0]
+    sel, unsel = at["f_full_sink_selected"].mean(), at["f_full_sink_unselected"].mean()
+    if np.isfinite(sel) and np.isfinite(unsel):
+        out.append(f"{model_label}F at N = {n0} when the sink is selected: {fmt(sel)}; "
+                   f"when it is not: {fmt(unsel)} (mean over heads).")
+    return out
+
+
+def sink_tables(sink, sink_positions) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    if sink is not None:
+        per_layer = sink.groupby(["model", "corpus", "layer"]).agg(
+            heads=("head", "nunique"), norm_ratio_median=("norm_ratio", "median"),
+            sink_cos_mean=("sink_cos_mean", "mean"), sink_mass_mean=("sink_mass", "mean"))
+        out.append(("Sink geometry by layer (over heads)", per_layer))
+    if sink_positions is not None:
+        top = sink_positions.sort_values("mass_share", ascending=False).head(20)
+        out.append(("Sinks detected at positions other than 0 (largest 20 by mass share)",
+                    top.set_index(["model", "corpus", "layer", "head"])))
+    return out
+
+
+def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
+    if taxonomy is None:
+        return []
+    counts = taxonomy["regime"].astype(str).value_counts()
+    total = int(counts.sum())
+    parts = [f"{int(counts.get(r, 0))} {r}{'s' if r != 'none' else ''} "
+             f"({fmt(100 * counts.get(r, 0) / total, 2)}%)" for r in REGIMES[:3]]
+    text = f"{model_label}Of {total} heads: " + ", ".join(parts)
+    if counts.get("none", 0):
+        text += f", and {int(counts['none'])} with no valid query"
+    out = [text + "."]
+    means = taxonomy.groupby(taxonomy["regime"].astype(str))[["f_self", "f_sink", "f_other"]]
+    means = means.mean()
+    if "Mixer" in means.index:
+        out.append(f"{model_label}In Mixer heads the sink wins {fmt(means.loc['Mixer', 'f_sink'])} "
+                   "of queries on average.")
+    return out
+
+
+def taxonomy_tables(taxonomy) -> list[tuple[str, pd.DataFrame]]:
+    if taxonomy is None:
+        return []
+    counts = (taxonomy.assign(regime=taxonomy["regime"].astype(str))
+              .groupby(["model", "corpus", "layer", "regime"]).size().unstack(fill_value=0))
+    counts = counts[[r for r in REGIMES if r in counts.columns]]
+    cols = [c for c in ("f_self", "f_sink", "f_other", "sink_alignment", "self_alignment",
+                        "mean_output_norm") if c in taxonomy.columns]
+    signature = taxonomy.groupby(["model", "corpus", taxonomy["regime"].astype(str)])[cols].mean()
+    signature.insert(0, "heads", taxonomy.groupby(["model", "corpus", taxonomy["regime"].astype(str)])
+                     .size())
+    return [("Heads per regime by layer", counts),
+            ("Regime signatures (mean over heads)", signature)]
+
+
+def bounds_findings(bounds, model_label: str = "") -> list[str]:
+    if bounds is None:
+        return []
+    certified = bounds["certified"].astype(float).mean()
+    largest = bounds.groupby(["layer", "head"])["largest_certified_n"].first()
+    out = [f"{model_label}The constant-norm envelope certifies separability for "
+           f"{fmt(100 * certified, 3)}% of (head, N) pairs; median largest certified N over "
+           f"heads: {fmt(largest.median())}."]
+    if "violation_rate" in bounds.columns:
+        out.append(f"{model_label}Fitted assumptions are violated at a mean rate of "
+                   f"{fmt(bounds['violation_rate'].mean())} (largest violation "
+                   f"{fmt(bounds['violation_max'].max() if 'violation_max' in bounds else np.nan)}).")
+    return out
+
+
+def bounds_tables(bounds, assumptions) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    if bounds is not None:
+        per_n = bounds.groupby(["model", "corpus", "n"]).agg(
+            f_measured=("f_measured", "mean"), f_envelope=("f_envelope", "mean"),
+            certified_share=("certified", "mean"))
+        out.append(("Measured F against the envelope by N (mean over heads)", per_n))
+    if assumptions is not None:
+        cols = [c for c in assumptions.columns
+                if c not in ("model", "corpus", "layer", "head")
+                and assumptions[c].dtype.kind in "fi"]
+        med = assumptions.groupby(["model", "corpus"])[cols].median()
+        out.append(("Assumption diagnostics (median over heads)", med))
+    return out
+
+
+def pruning_findings(pruning, model_label: str = "") -> list[str]:
+    if pruning is None:
+        return []
+    table = pruning.groupby(["ranker", "keep_fraction"])["perplexity"].mean().unstack()
+    full = pruning.loc[np.isclose(pruning["keep_fraction"], 1.0), "perplexity"].mean()
+    keeps = [k for k in table.columns if not np.isclose(k, 1.0)]
+    if not keeps:
+        return []
+    keep = min(keeps, key=lambda k: abs(k - 0.5))
+    col = table[keep].dropna().sort_values()
+    text = (f"{model_label}Keeping {fmt(100 * keep, 3)}% of heads, the best ranker is "
+            f"{col.index[0]} (perplexity {fmt(col.iloc[0])}")
+    if np.isfinite(full):
+        text += f", against {fmt(full)} with every head"
+    text += ")"
+    if "random" in col.index and col.index[0] != "random":
+        text += f"; random removal gives {fmt(col['random'])}"
+    return [text + "."]
+
+
+def pruning_tables(pruning) -> list[tuple[str, pd.DataFrame]]:
+    if pruning is None:
+        return []
+    p = pruning.assign(order=pruning["order"].fillna("").astype(str))
+    table = p.groupby(["model", "corpus", "ranker", "order", "keep_fraction"])["perplexity"].mean()
+    table = table.unstack("keep_fraction")
+    table = table[sorted(table.columns, reverse=True)]
+    table.columns = [f"keep {fmt(c)}" for c in table.columns]
+    return [("Perplexity by ranker and keep fraction (mean over seeds)", table)]
+
+
+def head_scan_findings(head_scan, model_label: str = "") -> list[str]:
+    if head_scan is None:
+        return []
+    critical = head_scan[head_scan["critical"].astype(bool)].sort_values(
+        "delta_nll_rel", ascending=False)
+    threshold = (f" (threshold {fmt(head_scan['threshold'].iloc[0])})"
+                 if "threshold" in head_scan.columns else "")
+    if critical.empty:
+        top = head_scan.sort_values("delta_nll_rel", ascending=False).iloc[0]
+        return [f"{model_label}No head is critical{threshold}; the largest single-head effect "
+                f"is layer {int(top['layer'])} head {int(top['head'])} "
+                f"(relative delta-NLL {fmt(top['delta_nll_rel'])})."]
+    names = ", ".join(f"layer {int(r.layer)} head {int(r.head)} ({fmt(r.delta_nll_rel)})"
+                      for r in critical.head(5).itertuples())
+    return [f"{model_label}{len(critical)} of {len(head_scan)} heads are critical{threshold}: "
+            f"{names}{' ...' if len(critical) > 5 else ''}."]
+
+
+def head_scan_tables(head_scan) -> list[tuple[str, pd.DataFrame]]:
+    if head_scan is None:
+        return []
+    cols = [c for c in ("model", "corpus", "layer", "head", "delta_nll_rel", "nll", "critical")
+            if c in head_scan.columns]
+    top = head_scan.sort_values("delta_nll_rel", ascending=False).head(10)[cols]
+    return [("Ten heads whose removal costs most", top.set_index(["model", "corpus", "layer", "head"]))]
+
+
+def restrict_findings(restrict, nstar, model_label: str = "") -> list[str]:
+    out = []
+    if nstar is not None:
+        model_rows = nstar[nstar["scope"] == "model"]
+        for r in model_rows.sort_values(["renormalize", "tau"]).itertuples():
+            kind = "renormalised" if r.renormalize else "not renormalised"
+            out.append(f"{model_label}Effective set size N*_tau at tau = {fmt(r.tau)} "
+                       f"({kind}, whole model): {fmt(r.n_star)}.")
+    elif restrict is not None:
+        rows = restrict[restrict["scope"] == "model"]
+        if len(rows):
+            best = rows.sort_values("n").iloc[0]
+            out.append(f"{model_label}Keeping only the top {int(best['n'])} attention entries "
+                       f"per query changes NLL by {fmt(best['delta_nll_rel'])} (relative).")
+    return out
+
+
+def restrict_tables(restrict, nstar) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    if restrict is not None:
+        rows = restrict[restrict["scope"] == "model"]
+        if len(rows):
+            t = rows.pivot_table(index=["model", "corpus", "renormalize"], columns="n",
+                                 values="delta_nll_rel", aggfunc="mean")
+            t.columns = [f"N={c}" for c in t.columns]
+            out.append(("Relative delta-NLL under whole-model top-N restriction", t))
+    if nstar is not None:
+        out.append(("Effective set sizes N*_tau",
+                    nstar.set_index(["model", "corpus", "scope", "layer", "head"])))
+    return out

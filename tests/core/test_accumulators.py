@@ -1,0 +1,166 @@
+"""The streamed top-N state equals the per-row kernel, chunked and merged (STYLE 2-3)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from attngeom.core.accumulators import TopNAccumulator, TopNConfig, merge_all
+from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.geometry import METRICS, causal_visibility, topn_metrics
+from attngeom.errors import ConfigError
+
+H, G, T, D = 4, 2, 12, 3
+GRID = (1, 2, 4, 11, 12)
+
+
+def _window(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(G, T, D, generator=gen)
+    rows = torch.arange(1, T)
+    logits = torch.randn(H, rows.numel(), T, generator=gen)
+    vis = causal_visibility(rows, T)
+    alpha = torch.softmax(logits.masked_fill(~vis, float("-inf")), -1)
+    return alpha, values, rows, vis
+
+
+def _batches(window: int, seed: int, chunks: int = 1):
+    alpha, values, rows, vis = _window(seed)
+    stats = ValueStats(values)
+    out = []
+    for part in torch.tensor_split(torch.arange(rows.numel()), chunks):
+        out.append(AttentionBatch(window, 0, alpha[:, part], vis[:, part], rows[part], stats))
+    return out
+
+
+def _cfg(**kw) -> TopNConfig:
+    base = dict(n_grid=GRID, rules=("attention", "random"), distances=("euclidean", "cosine"),
+                repeats=3, seed=7, bounds=False)
+    base.update(kw)
+    return TopNConfig(**base)
+
+
+def _table(acc: TopNAccumulator) -> dict[str, np.ndarray]:
+    return acc.compute()["metrics"]
+
+
+def _assert_tables_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].dtype.kind == "f":
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12, equal_nan=True)
+        else:
+            assert list(a[k]) == list(b[k]), k
+
+
+def test_stream_equals_kernel_mean() -> None:
+    """Per-window means are the kernel's metrics averaged over valid (query, repeat) rows."""
+    acc = TopNAccumulator(_cfg())
+    for b in _batches(3, 0):
+        acc.update(b)
+    table = _table(acc)
+    alpha, values, rows, vis = _window(0)
+    for rule in ("attention", "random"):
+        res = topn_metrics(alpha, values, GRID, rule=rule, visible=vis, query_positions=rows,
+                           repeats=3, seed=7, window=3, layer=0)
+        for name in METRICS:
+            x = res.metric(name).numpy()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN (H, N) cells
+                expect = np.nanmean(x, axis=(0, 2))  # (H, NN)
+            sel = (table["rule"] == rule) & (table["variant"] == "full") & (
+                table["distance"] == "euclidean")
+            got = table[name][sel].reshape(H, len(GRID))
+            np.testing.assert_allclose(got, expect, rtol=1e-12, equal_nan=True)
+        sel = (table["rule"] == rule) & (table["variant"] == "full") & (
+            table["distance"] == "euclidean")
+        nq = table["n_queries"][sel].reshape(H, len(GRID))
+        assert (nq[:, GRID.index(12)] == 0).all()  # N = 12 never fits a universe of <= 12
+        assert (nq[:, GRID.index(1)] == rows.numel()).all()
+        skipped = table["n_skipped"][sel].reshape(H, len(GRID))
+        assert (skipped[:, GRID.index(12)] == rows.numel()).all()
+        # N = 11 is valid only for the last query (universe of 12 keys)
+        assert (nq[:, GRID.index(11)] == 1).all()
+    assert np.isnan(table["precision"][table["n"] == 12]).all()
+
+
+def test_query_chunks_add_up() -> None:
+    whole, chunked = TopNAccumulator(_cfg()), TopNAccumulator(_cfg())
+    for b in _batches(0, 1):
+        whole.update(b)
+    for b in _batches(0, 1, chunks=3):
+        chunked.update(b)
+    _assert_tables_equal(_table(whole), _table(chunked))
+
+
+def test_merge_equals_one_run_and_half_differs() -> None:
+    one = TopNAccumulator(_cfg())
+    shard_a, shard_b = TopNAccumulator(_cfg()), TopNAccumulator(_cfg())
+    for w in range(4):
+        for b in _batches(w, w):
+            one.update(b)
+            (shard_a if w % 2 else shard_b).update(b)
+    merged = merge_all([shard_a, shard_b])
+    _assert_tables_equal(_table(one), _table(merged))
+    merged_rev = merge_all([shard_b, shard_a])
+    _assert_tables_equal(_table(one), _table(merged_rev))
+    half = _table(shard_a)
+    assert len(half["window"]) < len(_table(one)["window"])
+
+
+def test_random_control_independent_of_processing_order() -> None:
+    fwd, rev = TopNAccumulator(_cfg()), TopNAccumulator(_cfg())
+    for w in range(3):
+        for b in _batches(w, 10 + w):
+            fwd.update(b)
+    for w in reversed(range(3)):
+        for b in _batches(w, 10 + w):
+            rev.update(b)
+    _assert_tables_equal(_table(fwd), _table(rev))
+
+
+def test_merge_rejects_other_config() -> None:
+    with pytest.raises(ConfigError, match="different configurations"):
+        TopNAccumulator(_cfg()).merge(TopNAccumulator(_cfg(seed=8)))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(rules=("attention", "best")), "rules"),
+        (dict(distances=()), "distances"),
+        (dict(n_grid=(0, 2)), "n_grid"),
+        (dict(repeats=0), "repeats"),
+    ],
+)
+def test_config_errors(kw, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _cfg(**kw)
+
+
+def test_sink_effect_split() -> None:
+    """F with and without the sink, split by whether the attention rule selected it."""
+    acc = TopNAccumulator(_cfg(rules=("attention",), distances=("euclidean",)))
+    for b in _batches(0, 2):
+        acc.update(b)
+    eff = acc.compute()["sink_effect"]
+    alpha, values, rows, vis = _window(2)
+    full = topn_metrics(alpha, values, GRID, visible=vis, query_positions=rows)
+    nos = topn_metrics(alpha, values, GRID, visible=vis, query_positions=rows, exclude_sink=True)
+    chosen = full.sink_selected[0]
+    both = full.valid[0] & nos.valid[0]
+    for j in range(len(GRID)):
+        for h in range(H):
+            m = chosen[h, :, j] & both[h, :, j]
+            row = (eff["head"] == h) & (eff["n"] == GRID[j])
+            got = eff["f_full_sink_selected"][row][0]
+            if m.any():
+                assert got == pytest.approx(float(full.f_score[0, h, m, j].mean()))
+                assert eff["f_nosink_sink_selected"][row][0] == pytest.approx(
+                    float(nos.f_score[0, h, m, j].mean()))
+            else:
+                assert np.isnan(got)
+            assert eff["n_sink_selected"][row][0] == int(m.sum())

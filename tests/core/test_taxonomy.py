@@ -1,0 +1,242 @@
+"""Head taxonomy (SPEC 4): constructed heads with known regimes, ties, signatures, streaming."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.taxonomy import (
+    TAXONOMY_COLUMNS,
+    TaxonomyAccumulator,
+    alignment_by_regime,
+    classify_regime,
+    output_inner_products,
+    regime_shares_by_layer,
+    source_winners,
+    taxonomy_rows,
+)
+from attngeom.errors import ConfigError
+
+T = 6
+
+
+def causal(qpos: torch.Tensor, t: int) -> torch.Tensor:
+    return (torch.arange(t)[None, :] <= qpos[:, None])[None]
+
+
+def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None):
+    vis = causal(qpos, values.shape[1]) if visible is None else visible
+    return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values))
+
+
+def constructed_heads():
+    """Unit-norm values; head 0 peaks on the query token (Retriever), head 1 on the sink
+    (Mixer), head 2 on the token two back (Reset), head 3 splits self / sink evenly in
+    count (a regime tie -> Retriever)."""
+    v = torch.eye(T).unsqueeze(0)
+    qpos = torch.arange(1, T)
+    vis = causal(qpos, T)
+    q = qpos.numel()
+    alpha = torch.zeros(4, q, T)
+    for i, t in enumerate(qpos.tolist()):
+        base = vis[0, i].float() * 0.1
+        rows = [base.clone() for _ in range(4)]
+        rows[0][t] += 1.0
+        rows[1][0] += 1.0
+        if t >= 3:  # t = 1, 2 stay uniform: the tie goes to the sink
+            rows[2][t - 2] += 1.0
+        rows[3][t if i % 2 == 0 else 0] += 1.0
+        for h in range(4):
+            alpha[h, i] = rows[h] / rows[h].sum()
+    return v, alpha, qpos
+
+
+def test_constructed_regimes() -> None:
+    v, alpha, qpos = constructed_heads()
+    acc = TaxonomyAccumulator()
+    acc.update(batch_of(v, alpha, qpos))
+    out = acc.compute()
+    assert list(out) == list(TAXONOMY_COLUMNS)
+    assert out["regime"].tolist()[:2] == ["Retriever", "Mixer"]
+    assert out["f_self"][0] == 1.0 and out["f_sink"][1] == 1.0
+    # head 2: t = 3, 4, 5 win at t - 2 (other); t = 1, 2 are uniform rows whose tie goes to
+    # the smaller position, the sink: f_other 3/5, f_sink 2/5 -> Reset
+    assert out["f_other"][2] == pytest.approx(0.6) and out["f_sink"][2] == pytest.approx(0.4)
+    assert out["regime"][2] == "Reset"
+    # head 3: queries 0, 2, 4 self (3 of 5), 1, 3 sink: Retriever; counts checked below
+    assert out["f_self"][3] == pytest.approx(0.6) and out["regime"][3] == "Retriever"
+    assert out["n_queries"].tolist() == [5, 5, 5, 5]
+    # offsets: head 0 always 0 -> entropy 0; head 1 offsets t - 0 = 1..5 -> ln 5
+    assert out["offset_entropy"][0] == pytest.approx(0.0)
+    assert out["offset_entropy"][1] == pytest.approx(math.log(5))
+    # head 2: offsets 2, 2, 2 (t = 3..5), 1, 2 (t = 1, 2 -> sink): {2: 4, 1: 1}
+    p = np.array([0.8, 0.2])
+    assert out["offset_entropy"][2] == pytest.approx(-(p * np.log(p)).sum())
+
+
+def test_winner_ties_use_contribution_and_smaller_position() -> None:
+    """alpha * ||v||, exact ties to the smaller position.
+
+    norms (2, 1, 1): row 0 contributions (.4, .4, .4) all tie -> 0; row 1 (1, .25, .25) -> 0.
+    norms (.5, 1, 1): row 0 (.1, .4, .4) -> 1 (tie of 1 and 2); row 1 (.25, .25, .25) -> 0.
+    With norms (1, 1, 3) the largest alpha loses to the largest norm: row 1 -> 2.
+    """
+    alpha = torch.tensor([[[0.2, 0.4, 0.4], [0.5, 0.25, 0.25]]])
+    norms = torch.tensor([[2.0, 1.0, 1.0]], dtype=torch.float64)
+    uni = torch.ones(1, 2, 3, dtype=torch.bool)
+    assert source_winners(alpha, norms, uni).tolist() == [[0, 0]]
+    norms = torch.tensor([[1.0, 1.0, 3.0]], dtype=torch.float64)
+    assert source_winners(alpha, norms, uni).tolist() == [[2, 2]]
+    norms = torch.tensor([[0.5, 1.0, 1.0]], dtype=torch.float64)
+    assert source_winners(alpha, norms, uni).tolist() == [[1, 0]]
+    uni[0, 0, 1] = False  # key 1 masked: 2 wins
+    assert source_winners(alpha, norms, uni).tolist()[0][0] == 2
+
+
+def test_regime_tie_order() -> None:
+    """Equal counts resolve Retriever > Mixer > Reset."""
+    got = classify_regime(np.array([1, 0, 1, 0, 2]), np.array([1, 1, 0, 0, 1]),
+                          np.array([1, 1, 1, 1, 0]))
+    assert got.tolist() == ["Retriever", "Mixer", "Retriever", "Reset", "Retriever"]
+
+
+def test_no_valid_query_gives_none_and_nan() -> None:
+    """A layer analysed only at t = 0 has no valid query: regime none, NaN fractions."""
+    v = torch.randn(1, 4, 2)
+    acc = TaxonomyAccumulator()
+    acc.update(batch_of(v, torch.tensor([[[1.0, 0, 0, 0]]]), torch.tensor([0])))
+    out = acc.compute()
+    assert out["regime"].tolist() == ["none"] and out["n_queries"].tolist() == [0]
+    for name in ("f_self", "f_sink", "f_other", "offset_entropy", "sink_alignment",
+                 "self_alignment", "mean_output_norm"):
+        assert math.isnan(out[name][0]), name
+
+
+@pytest.mark.parametrize("d", [3, 12])  # d < T uses ||alpha V||^2, d >= T alpha^T G alpha
+def test_signature_matches_explicit_outputs(d: int) -> None:
+    gen = torch.Generator().manual_seed(d)
+    t = 8
+    v = torch.randn(2, t, d, generator=gen)
+    v[1, 3] = 0.0  # a zero value: its cosines are 0
+    qpos = torch.arange(1, t)
+    vis = causal(qpos, t)
+    alpha = torch.softmax(torch.randn(4, t - 1, t, generator=gen).masked_fill(~vis, -math.inf),
+                          -1)
+    b = batch_of(v, alpha, qpos)
+    ip = output_inner_products(alpha, b.stats, b.kv_of_head, qpos)
+    kv = b.kv_of_head
+    z = torch.einsum("hqt,htd->hqd", alpha.double(), v.double()[kv])
+    torch.testing.assert_close(ip["z_sq"], (z * z).sum(-1))
+    torch.testing.assert_close(ip["z_sink"], (z * v.double()[kv][:, None, 0]).sum(-1))
+    vt = v.double()[kv][:, qpos]
+    torch.testing.assert_close(ip["z_self"], (z * vt).sum(-1))
+    rows = taxonomy_rows(b)
+
+    def cos(a, b):
+        den = a.norm(dim=-1) * b.norm(dim=-1)
+        return torch.where(den > 0, (a * b).sum(-1) / den.clamp_min(1e-300), 0.0)
+
+    torch.testing.assert_close(rows["sink_alignment"], cos(z, v.double()[kv][:, None, 0]))
+    torch.testing.assert_close(rows["self_alignment"], cos(z, vt))
+    torch.testing.assert_close(rows["output_norm"], z.norm(dim=-1))
+    acc = TaxonomyAccumulator()
+    acc.update(b)
+    out = acc.compute()
+    np.testing.assert_allclose(out["sink_alignment"],
+                               cos(z, v.double()[kv][:, None, 0]).mean(-1).numpy())
+    np.testing.assert_allclose(out["mean_output_norm"], z.norm(dim=-1).mean(-1).numpy())
+    # the brute-force winner
+    contrib = alpha.double() * v.double().norm(dim=-1)[kv][:, None, :]
+    win = contrib.masked_fill(~vis, -1).argmax(-1)
+    assert torch.equal(rows["winner"], win)
+
+
+def test_mixer_sink_aligned_retriever_self_aligned() -> None:
+    """Signature of the constructed heads: Mixer output = mostly v0 (sink alignment near
+    1), Retriever output = mostly v_t."""
+    v, alpha, qpos = constructed_heads()
+    acc = TaxonomyAccumulator()
+    acc.update(batch_of(v, alpha, qpos))
+    out = acc.compute()
+    assert out["sink_alignment"][1] > 0.9 and out["self_alignment"][0] > 0.9
+    assert out["sink_alignment"][0] < 0.5 and out["self_alignment"][1] < 0.5
+    by = alignment_by_regime(out)
+    assert by["regime"].tolist() == ["Retriever", "Mixer", "Reset"]
+    assert by["n_heads"].tolist() == [2, 1, 1]
+    assert by["sink_alignment"][1] == pytest.approx(out["sink_alignment"][1])
+
+
+def test_merge_and_chunks_equal_one_run() -> None:
+    gen = torch.Generator().manual_seed(9)
+    wins = []
+    for _ in range(4):
+        v = torch.randn(2, 9, 3, generator=gen)
+        qpos = torch.arange(9)
+        vis = causal(qpos, 9)
+        a = torch.softmax((torch.randn(4, 9, 9, generator=gen) * 3).masked_fill(~vis, -math.inf),
+                          -1)
+        wins.append((v, a, qpos))
+    whole = TaxonomyAccumulator()
+    for w, (v, a, q) in enumerate(wins):
+        for layer in (0, 1):
+            whole.update(batch_of(v, a, q, window=w, layer=layer))
+    shards = [TaxonomyAccumulator(), TaxonomyAccumulator()]
+    for w, (v, a, q) in enumerate(wins):
+        stats = ValueStats(v)
+        for layer in (0, 1):
+            for part in torch.tensor_split(torch.arange(q.numel()), 4):
+                shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, layer=layer,
+                                              stats=stats))
+    half = shards[0].compute()
+    merged = shards[0].merge(shards[1]).compute()
+    ref = whole.compute()
+    assert list(merged) == list(ref)
+    for k in ref:
+        if ref[k].dtype.kind == "f":
+            np.testing.assert_allclose(merged[k], ref[k], rtol=1e-12, equal_nan=True)
+        else:
+            assert merged[k].tolist() == ref[k].tolist()
+    assert not np.allclose(half["f_self"], merged["f_self"])
+    assert merged["layer"].tolist() == [0] * 4 + [1] * 4
+
+
+def test_encoder_negative_offsets() -> None:
+    """Bidirectional rows: a winner after the query gives a negative offset."""
+    v = torch.eye(4).unsqueeze(0)
+    qpos = torch.tensor([1, 2])
+    vis = torch.ones(1, 2, 4, dtype=torch.bool)
+    alpha = torch.tensor([[[0.1, 0.1, 0.1, 0.7], [0.1, 0.1, 0.1, 0.7]]])
+    acc = TaxonomyAccumulator()
+    acc.update(batch_of(v, alpha, qpos, visible=vis))
+    out = acc.compute()
+    assert out["f_other"][0] == 1.0 and out["regime"][0] == "Reset"
+    p = np.array([0.5, 0.5])  # offsets -2 and -1
+    assert out["offset_entropy"][0] == pytest.approx(-(p * np.log(p)).sum())
+
+
+def test_regime_shares_by_layer() -> None:
+    table = {"layer": [0, 0, 0, 1, 1], "regime": ["Mixer", "Reset", "Mixer", "none", "Retriever"]}
+    out = regime_shares_by_layer(table)
+    rows = list(zip(out["layer"].tolist(), out["regime"].tolist(), out["share"].tolist(),
+                    strict=True))
+    assert rows == [
+        (0, "Retriever", 0.0), (0, "Mixer", pytest.approx(2 / 3)), (0, "Reset", pytest.approx(1 / 3)),
+        (1, "Retriever", 0.5), (1, "Mixer", 0.0), (1, "Reset", 0.0), (1, "none", 0.5),
+    ]
+    with pytest.raises(ConfigError, match="regime"):
+        regime_shares_by_layer({"layer": [0], "regime": ["Copier"]})
+
+
+def test_bad_kv_mapping_and_head_count() -> None:
+    v = torch.randn(2, 4, 2)
+    alpha = torch.full((2, 1, 4), 0.25)
+    with pytest.raises(ConfigError, match="kv_of_head"):
+        output_inner_products(alpha, ValueStats(v), torch.tensor([1, 0]), torch.tensor([3]))
+    acc = TaxonomyAccumulator()
+    acc.update(batch_of(v, alpha, torch.tensor([3])))
+    with pytest.raises(ConfigError, match="heads"):
+        acc.update(batch_of(v, torch.full((4, 1, 4), 0.25), torch.tensor([3])))

@@ -1,0 +1,168 @@
+"""restrict_topn: top-N attention restriction (SPEC 6) on the registered attention function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from architectures import ARCHITECTURES, make_inputs, make_model
+
+from attngeom.capture import (
+    attention_output_projections,
+    capture_attention,
+    model_layout,
+    repeat_kv,
+    tolerance_for,
+)
+from attngeom.capture.checks import model_output
+from attngeom.errors import ConfigError
+from attngeom.interventions.restriction import (
+    restrict_probabilities,
+    restrict_topn,
+    topn_keep,
+)
+
+TOL = tolerance_for(torch.float32)
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model_output(model(**inputs))
+
+
+def test_topn_keep_ties_go_to_the_smaller_position():
+    """Row [0.2, 0.3, 0.2, 0.3, 0.0(masked)]: top-1 is position 1, top-3 adds position 0."""
+    probs = torch.tensor([[0.2, 0.3, 0.2, 0.3, 0.0]])
+    visible = torch.tensor([[True, True, True, True, False]])
+    assert topn_keep(probs, visible, 1).tolist() == [[False, True, False, False, False]]
+    assert topn_keep(probs, visible, 3).tolist() == [[True, True, False, True, False]]
+    # n beyond the visible keys keeps every visible key and never a masked one.
+    assert topn_keep(probs, visible, 9).tolist() == [[True, True, True, True, False]]
+
+
+def test_restrict_probabilities_renormalises_only_rows_it_changed():
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]])
+    visible = torch.tensor([[True, True, True], [True, True, False]])
+    kept = restrict_probabilities(probs, visible, 2, renormalize=True)
+    assert torch.allclose(kept[0], torch.tensor([0.625, 0.375, 0.0]))
+    assert torch.equal(kept[1], probs[1])  # nothing dropped: bit-identical
+    lost = restrict_probabilities(probs, visible, 2, renormalize=False)
+    assert torch.equal(lost[0], torch.tensor([0.5, 0.3, 0.0]))
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_n_at_least_the_window_is_the_identity(name):
+    model = make_model(name)
+    inputs = make_inputs(name)
+    own = run(model, inputs)
+    t = inputs["input_ids"].shape[1]
+    with restrict_topn(model, t):
+        same = run(model, inputs)
+    assert TOL.close(same, own)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_n_one_changes_the_output_and_exit_restores_it(name):
+    model = make_model(name)
+    inputs = make_inputs(name)
+    before_impl = model.config._attn_implementation
+    own = run(model, inputs)
+    with restrict_topn(model, 1):
+        renormalised = run(model, inputs)
+    with restrict_topn(model, 1, renormalize=False):
+        unnormalised = run(model, inputs)
+    assert not TOL.close(renormalised, own)
+    assert not TOL.close(unnormalised, renormalised)
+    assert model.config._attn_implementation == before_impl
+    assert torch.equal(run(model, inputs), own)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "bert"])
+def test_head_output_is_recomputed_from_the_restricted_probabilities(name):
+    """Layer 0 only, head (0, 1) only: the projection input equals restricted alpha @ v."""
+    model = make_model(name)
+    inputs = make_inputs(name)
+    layout = model_layout(model)
+    caps = []
+    with torch.no_grad(), capture_attention(model, caps.append):
+        model(**inputs)
+    layer0 = caps[0]
+    n = 2
+    restricted = restrict_probabilities(layer0.alpha, layer0.visible, n, renormalize=True)
+    alpha = layer0.alpha.clone()
+    alpha[:, 1] = restricted[:, 1]
+    z = alpha @ repeat_kv(layer0.values, layout.group_size)
+    b, h, t, d = z.shape
+    expected = z.transpose(1, 2).reshape(b, t, h * d)
+
+    seen = {}
+    projection = attention_output_projections(model)[0]
+    handle = projection.register_forward_pre_hook(lambda m, a: seen.__setitem__("z", a[0]))
+    try:
+        with restrict_topn(model, n, heads=[(0, 1)]):
+            run(model, inputs)
+    finally:
+        handle.remove()
+    assert TOL.close(seen["z"], expected)
+    # The other heads of layer 0 are untouched, head 1 changed.
+    unrestricted = (layer0.alpha @ repeat_kv(layer0.values, layout.group_size)).transpose(1, 2)
+    got = seen["z"].view(b, t, h, d)
+    others = [i for i in range(h) if i != 1]
+    assert TOL.close(got[:, :, others], unrestricted[:, :, others])
+    assert not TOL.close(got[:, :, 1], unrestricted[:, :, 1])
+
+
+def test_unselected_layers_keep_the_model_output_exactly():
+    model = make_model("llama")
+    inputs = make_inputs("llama")
+    seen = {}
+    projection = attention_output_projections(model)[0]
+    handle = projection.register_forward_pre_hook(lambda m, a: seen.__setitem__("z", a[0]))
+    try:
+        run(model, inputs)
+        own = seen["z"]
+        with restrict_topn(model, 1, layers=[1]):
+            run(model, inputs)
+    finally:
+        handle.remove()
+    assert torch.equal(seen["z"], own)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n": 0}, "n >= 1"),
+        ({"n": 1.5}, "n to be an integer"),
+        ({"n": True}, "n to be an integer"),
+        ({"n": 1, "layers": [2]}, r"layer in \[0, 2\), got 2"),
+        ({"n": 1, "layers": []}, "layers"),
+        ({"n": 1, "heads": [(0, 4)]}, r"head index in \[0, 4\), got 4"),
+        ({"n": 1, "heads": [(5, 0)]}, r"head layer in \[0, 2\), got 5"),
+        ({"n": 1, "heads": [3]}, r"\(layer, head\) pairs"),
+        ({"n": 1, "layers": [0], "heads": [(1, 0)]}, "layers=\\[0\\]"),
+        ({"n": 1, "renormalize": "yes"}, "renormalize"),
+    ],
+)
+def test_bad_arguments_raise_config_error_before_any_model_work(kwargs, message):
+    model = make_model("llama")
+    n = kwargs.pop("n")
+    with pytest.raises(ConfigError, match=message), restrict_topn(model, n, **kwargs):
+        pytest.fail("restriction must not start")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_capture_nested_inside_restriction_keeps_the_restricted_output():
+    """Overrides nest: capture's output path is then the enclosing restriction."""
+    model = make_model("qwen2")
+    inputs = make_inputs("qwen2")
+    own = run(model, inputs)
+    with restrict_topn(model, 2):
+        restricted = run(model, inputs)
+        caps = []
+        with capture_attention(model, caps.append, query_rows=[-1]):
+            nested = run(model, inputs)
+        assert model.config._attn_implementation != "sdpa"  # still restricted
+        again = run(model, inputs)
+    assert torch.equal(nested, restricted) and torch.equal(again, restricted)
+    assert [c.layer for c in caps] == [0, 1]
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(run(model, inputs), own)

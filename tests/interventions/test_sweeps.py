@@ -1,0 +1,387 @@
+"""Sweeps (SPEC 6): every row recomputed by hand, every bad argument caught first.
+
+The pruning rows are checked against removing the ranking's first heads by hand,
+the scan against removing each head by hand, the restriction bookkeeping (scopes,
+N*) against a stand-in restriction whose effect is known, and the real
+restriction at N >= T against the unrestricted model. One run on the shared
+stories260K model exercises every ranker, all six taxonomy orders and the scan
+on real weights and real text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attngeom.errors import ConfigError
+from attngeom.interventions import restriction as restriction_module
+from attngeom.interventions.gates import remove_heads
+from attngeom.interventions.perplexity import evaluate_nll
+from attngeom.interventions.rankers import sensitivity_ranking
+from attngeom.interventions.sweeps import (
+    NSTAR_COLUMNS,
+    PRUNING_COLUMNS,
+    RANKINGS_COLUMNS,
+    RESTRICT_COLUMNS,
+    SCAN_COLUMNS,
+    n_star,
+    prune_sweep,
+    restrict_sweep,
+    scan_heads,
+)
+
+try:
+    from tests.architectures import STORIES_PATH, make_inputs, make_model
+except ImportError:  # pytest run from inside tests/
+    from architectures import STORIES_PATH, make_inputs, make_model
+
+TINYSTORIES = STORIES_PATH.parent / "corpora" / "tinystories" / "TinyStories-train.head2MiB.txt"
+ALL_HEADS = [(l, h) for l in range(2) for h in range(4)]
+
+
+def _taxonomy(num_layers: int = 2, num_heads: int = 4) -> pd.DataFrame:
+    regimes = ["Mixer", "Reset", "Retriever", "none"]
+    return pd.DataFrame(
+        [
+            (l, h, regimes[(l + h) % 4], 1.0 / (1 + l * num_heads + h))
+            for l in range(num_layers)
+            for h in range(num_heads)
+        ],
+        columns=["layer", "head", "regime", "mean_output_norm"],
+    )
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_model("llama")
+
+
+@pytest.fixture(scope="module")
+def windows():
+    ids = make_inputs("llama", batch=6, seed=5)["input_ids"]
+    return ids[:3], ids[3:]
+
+
+class _NoModelWork:
+    """Makes any forward call fail loudly, so validation must come first."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        def refuse(*_):
+            raise AssertionError("model work before validation")
+
+        self.handle = self.model.register_forward_pre_hook(refuse)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+# --------------------------------------------------------------------------- prune_sweep
+
+
+def test_prune_rows_equal_removing_the_first_heads_by_hand(llama, windows):
+    rank_ids, eval_ids = windows
+    pruning, rankings = prune_sweep(
+        llama, rank_ids, eval_ids, rank_windows=[0, 1, 2], eval_windows=[3, 4, 5],
+        rankers=["magnitude", "random", "taxonomy", "sensitivity"], keep_fractions=(1.0, 0.5, 0.3),
+        seeds=(0, 1), taxonomy=_taxonomy(), orders="all", batch_size=2,
+    )  # fmt: skip
+    assert list(pruning.columns) == list(PRUNING_COLUMNS)
+    assert list(rankings.columns) == list(RANKINGS_COLUMNS)
+    assert len(pruning) == (1 + 2 + 6 + 1) * 3
+    assert sorted(pruning["heads_kept"].unique().tolist()) == [2, 4, 8]  # round(0.3 * 8) = 2
+    base = evaluate_nll(llama, eval_ids).nll
+    full = pruning[pruning["keep_fraction"] == 1.0]
+    assert (full["nll"] == base).all() and (full["delta_nll_rel"] == 0.0).all()
+    assert set(pruning.loc[pruning["ranker"] == "random", "seed"]) == {0, 1}
+    assert set(pruning.loc[pruning["ranker"] != "random", "seed"]) == {-1}
+    assert pruning.loc[pruning["ranker"] == "taxonomy", "order"].nunique() == 6
+    keys = ["ranker", "seed", "order"]
+    for key, ranking in rankings.groupby(keys):
+        assert ranking["rank"].tolist() == list(range(8))
+        heads = list(zip(ranking["layer"], ranking["head"], strict=True))
+        assert sorted(heads) == ALL_HEADS
+        rows = pruning.set_index(keys).loc[key]
+        for _, row in rows.iterrows():
+            with remove_heads(llama, heads[: 8 - int(row["heads_kept"])]):
+                nll = evaluate_nll(llama, eval_ids).nll
+            assert row["nll"] == pytest.approx(nll, abs=1e-12)
+            assert row["delta_nll_rel"] == pytest.approx((nll - base) / base, abs=1e-12)
+            assert row["perplexity"] == pytest.approx(math.exp(nll), rel=1e-12)
+    # Data rankers rank on the ranking windows, never on the evaluation windows.
+    sens = rankings[rankings["ranker"] == "sensitivity"].sort_values(["layer", "head"])
+    expected = sensitivity_ranking(llama, rank_ids).scores.numpy().ravel()
+    np.testing.assert_allclose(sens["score"].to_numpy(), expected, rtol=0, atol=1e-12)
+    on_eval = sensitivity_ranking(llama, eval_ids).scores.numpy().ravel()
+    assert not np.allclose(expected, on_eval)
+
+
+def test_prune_orders_default_and_list(llama, windows):
+    rank_ids, eval_ids = windows
+    common = dict(rank_windows=[0, 1, 2], eval_windows=[3, 4, 5], rankers=["taxonomy"],
+                  keep_fractions=(0.5,), taxonomy=_taxonomy())  # fmt: skip
+    default, _ = prune_sweep(llama, None, eval_ids, **common)
+    assert default["order"].tolist() == ["Mixer>Reset>Retriever"]
+    listed, ranks = prune_sweep(
+        llama,
+        None,
+        eval_ids,
+        orders=[("Reset", "Mixer", "Retriever"), "Retriever>Mixer>Reset"],
+        **common,
+    )
+    assert listed["order"].tolist() == ["Reset>Mixer>Retriever", "Retriever>Mixer>Reset"]
+    first = ranks[ranks["order"] == "Reset>Mixer>Retriever"].iloc[0]
+    assert (first["layer"] + first["head"]) % 4 == 1  # a Reset head goes first
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(eval_windows=[2, 3, 4]), "disjoint"),
+        (dict(keep_fractions=(1.0, 0.0)), r"\(0, 1\]"),
+        (dict(keep_fractions=(1.5,)), r"\(0, 1\]"),
+        (dict(keep_fractions=(float("nan"),)), r"\(0, 1\]"),
+        (dict(keep_fractions=()), "at least one"),
+        (dict(rankers=["magnitude", "norm"]), "taxonomy, magnitude, entropy"),
+        (dict(rankers=[]), "at least one"),
+        (dict(rank_windows=[0, 1]), "one window id per row"),
+        (dict(eval_windows=[3, 4, 5.5]), "integer window ids"),
+        (dict(rankers=["taxonomy"]), "per-head table"),
+        (dict(rankers=["taxonomy"], taxonomy=_taxonomy(2, 3)), "one row per head"),
+        (
+            dict(rankers=["taxonomy"], taxonomy=_taxonomy(), orders=["Mixer>Mixer>Reset"]),
+            "permutation",
+        ),
+        (dict(seeds=["a"]), "seeds"),
+        (dict(seeds=()), "seeds"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(rank_ids=None), "need ranking windows"),
+        (dict(eval_ids=torch.zeros(3, dtype=torch.long)), "shape"),
+    ],
+)
+def test_prune_arguments_are_checked_before_any_model_work(llama, windows, change, words):
+    rank_ids, eval_ids = windows
+    kwargs = dict(rank_ids=rank_ids, eval_ids=eval_ids, rank_windows=[0, 1, 2],
+                  eval_windows=[3, 4, 5], rankers=["random", "entropy"])  # fmt: skip
+    kwargs.update(change)
+    with _NoModelWork(llama), pytest.raises(ConfigError, match=words) as info:
+        prune_sweep(llama, kwargs.pop("rank_ids"), kwargs.pop("eval_ids"), **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_prune_refuses_an_encoder():
+    model = make_model("bert")
+    ids = make_inputs("bert")["input_ids"]
+    with pytest.raises(ConfigError, match="causal"):
+        prune_sweep(model, None, ids, rank_windows=[], eval_windows=[0, 1], rankers=["magnitude"])
+
+
+# --------------------------------------------------------------------------- scan_heads
+
+
+def test_scan_rows_equal_removing_each_head_by_hand(llama, windows):
+    _, eval_ids = windows
+    base = evaluate_nll(llama, eval_ids).nll
+    deltas = {}
+    for head in ALL_HEADS:
+        with remove_heads(llama, [head]):
+            deltas[head] = (evaluate_nll(llama, eval_ids).nll - base) / base
+    threshold = float(np.median(list(deltas.values())))
+    scan = scan_heads(llama, eval_ids, threshold=threshold)
+    assert list(scan.columns) == list(SCAN_COLUMNS)
+    assert list(zip(scan["layer"], scan["head"], strict=True)) == ALL_HEADS
+    for _, row in scan.iterrows():
+        delta = deltas[(row["layer"], row["head"])]
+        assert row["delta_nll_rel"] == pytest.approx(delta, abs=1e-12)
+        assert row["nll"] == pytest.approx(base * (1 + delta), rel=1e-12)
+        assert row["critical"] == (delta > threshold)
+    assert 0 < scan["critical"].sum() < 8
+    assert (scan["threshold"] == threshold).all()
+    for bad in (-0.1, float("nan"), "5%"):
+        with _NoModelWork(llama), pytest.raises(ConfigError, match="threshold"):
+            scan_heads(llama, eval_ids, threshold=bad)
+
+
+# --------------------------------------------------------------------------- restrict_sweep
+
+
+def test_n_star_is_the_smallest_qualifying_n():
+    assert n_star([1, 2, 4], [0.3, 0.02, 0.0], 0.05) == 2
+    assert n_star([1, 2, 4], [0.01, 0.2, 0.0], 0.05) == 1  # smallest, not "from then on"
+    assert math.isnan(n_star([1, 2], [0.5, 0.2], 0.1))
+
+
+def test_restrict_bookkeeping_with_a_known_stand_in(llama, windows, monkeypatch):
+    """A stand-in removes head (0, 0) when n < 4 and also (1, 1) when n < 2."""
+    _, eval_ids = windows
+    calls = []
+
+    @contextlib.contextmanager
+    def fake(model, n, *, layers=None, heads=None, renormalize=True):
+        calls.append((n, layers, heads, renormalize))
+        removed = [(0, 0)] * (n < 4) + [(1, 1)] * (n < 2)
+        with remove_heads(model, removed):
+            yield
+
+    monkeypatch.setattr(restriction_module, "restrict_topn", fake)
+    restrict, nstar = restrict_sweep(
+        llama, eval_ids, [8, 1, 4, 2], scopes=("model", "layer", "head"), renormalize=True,
+        taus=(0.0, 1e6), layers=[1], heads=[0, 3],
+    )  # fmt: skip
+    assert list(restrict.columns) == list(RESTRICT_COLUMNS)
+    assert list(nstar.columns) == list(NSTAR_COLUMNS)
+    targets = [("model", -1, -1), ("layer", 1, -1), ("head", 1, 0), ("head", 1, 3)]
+    assert (
+        list(
+            dict.fromkeys(zip(restrict["scope"], restrict["layer"], restrict["head"], strict=True))
+        )
+        == targets
+    )
+    assert calls[:4] == [(1, None, None, True), (2, None, None, True), (4, None, None, True),
+                         (8, None, None, True)]  # fmt: skip
+    assert calls[4] == (1, [1], None, True) and calls[8] == (1, None, [(1, 0)], True)
+    base = evaluate_nll(llama, eval_ids).nll
+    with remove_heads(llama, [(0, 0)]):
+        one = evaluate_nll(llama, eval_ids).nll
+    model_rows = restrict[restrict["scope"] == "model"].set_index("n")
+    assert model_rows.loc[2, "delta_nll_rel"] == pytest.approx((one - base) / base, abs=1e-12)
+    assert model_rows.loc[4, "delta_nll_rel"] == 0.0 and model_rows.loc[8, "nll"] == base
+    tight = nstar[nstar["tau"] == 0.0]
+    loose = nstar[nstar["tau"] == 1e6]
+    assert (tight["n_star"] == 4.0).all() and (loose["n_star"] == 1.0).all()
+    assert len(nstar) == 4 * 2
+
+
+def test_restrict_at_full_length_changes_nothing(llama, windows):
+    _, eval_ids = windows
+    t = eval_ids.shape[1]
+    restrict, nstar = restrict_sweep(
+        llama, eval_ids, [1, t], scopes=("model", "layer", "head"), taus=(0.01,)
+    )
+    assert len(restrict) == (1 + 2 + 8) * 2 * 2
+    full = restrict[restrict["n"] == t]
+    assert full["delta_nll_rel"].abs().max() < 1e-6
+    one = restrict[(restrict["n"] == 1) & (restrict["scope"] == "model")]
+    assert (one["delta_nll_rel"].abs() > 1e-3).all()
+    assert set(nstar["n_star"].dropna()) <= {1.0, float(t)}
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(n_grid=[0, 2]), "n_grid"),
+        (dict(n_grid=[]), "n_grid"),
+        (dict(scopes=("global",)), "scopes"),
+        (dict(renormalize=("yes",)), "renormalize"),
+        (dict(taus=(-0.1,)), "taus"),
+        (dict(layers=[2]), "layers"),
+        (dict(heads=[4]), "heads"),
+    ],
+)
+def test_restrict_arguments_are_checked_before_any_model_work(llama, windows, change, words):
+    kwargs = dict(n_grid=[1, 2])
+    kwargs.update(change)
+    with _NoModelWork(llama), pytest.raises(ConfigError, match=words):
+        restrict_sweep(llama, windows[1], kwargs.pop("n_grid"), **kwargs)
+
+
+# --------------------------------------------------------------------------- stories260K
+
+
+def _story_windows(tokenizer, count: int, length: int = 64) -> torch.Tensor:
+    """The first ``length`` tokens (BOS first) of the first ``count`` long-enough stories."""
+    text = TINYSTORIES.read_text(encoding="utf-8")
+    out = []
+    for story in text.split("<|endoftext|>"):
+        ids = tokenizer(story.strip())["input_ids"]
+        if len(ids) >= length:
+            out.append(ids[:length])
+        if len(out) == count:
+            break
+    return torch.tensor(out)
+
+
+def _taxonomy_from_capture(model, ids) -> pd.DataFrame:
+    """SPEC 4 regimes and mean output norms, written from the definition (all queries t >= 1)."""
+    from attngeom.capture import capture_attention, model_layout
+
+    layout = model_layout(model)
+    counts = np.zeros((layout.num_layers, layout.num_heads, 3))  # self, sink, other
+    norm_sum = np.zeros((layout.num_layers, layout.num_heads))
+    queries = np.zeros(layout.num_layers)
+
+    def consumer(cap):
+        alpha = cap.alpha.double()[:, :, 1:]  # (B, H, Q-1, T): rows t >= 1
+        values = cap.values.double().repeat_interleave(layout.group_size, dim=1)  # (B, H, T, d)
+        t = cap.query_rows[1:].view(1, 1, -1)
+        winner = (alpha * values.norm(dim=-1)[:, :, None, :]).argmax(dim=-1)
+        kinds = [winner == t, winner == 0, (winner != t) & (winner != 0)]
+        for k, mask in enumerate(kinds):
+            counts[cap.layer, :, k] += mask.sum(dim=(0, 2)).numpy()
+        norm_sum[cap.layer] += (alpha @ values).norm(dim=-1).sum(dim=(0, 2)).numpy()
+        queries[cap.layer] += alpha.shape[0] * alpha.shape[2]
+
+    with torch.no_grad(), capture_attention(model, consumer):
+        model(input_ids=ids)
+    rows = []
+    for l in range(layout.num_layers):
+        for h in range(layout.num_heads):
+            regime = ("Retriever", "Mixer", "Reset")[int(np.argmax(counts[l, h]))]
+            rows.append((l, h, regime, norm_sum[l, h] / queries[l]))
+    return pd.DataFrame(rows, columns=["layer", "head", "regime", "mean_output_norm"])
+
+
+@pytest.mark.slow
+def test_stories260k_prune_sweep_and_scan():
+    from attngeom.capture import load_model
+    from attngeom.interventions.gates import check_gates
+
+    model, tokenizer = load_model(str(STORIES_PATH))
+    ids = _story_windows(tokenizer, 12)
+    assert (ids[:, 0] == 1).all()  # BOS at position 0
+    rank_ids, eval_ids = ids[:6], ids[6:]
+    check_gates(model)
+    base = evaluate_nll(model, eval_ids)
+    with torch.no_grad():
+        losses = [float(model(w[None], labels=w[None]).loss) for w in eval_ids]
+    assert base.nll == pytest.approx(float(np.mean(losses)), abs=1e-6)
+    assert 0.5 < base.nll < 2.0  # a trained model on its own training distribution
+
+    taxonomy = _taxonomy_from_capture(model, rank_ids)
+    pruning, rankings = prune_sweep(
+        model, rank_ids, eval_ids, rank_windows=range(6), eval_windows=range(6, 12),
+        rankers=["taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity"],
+        seeds=(0, 1), taxonomy=taxonomy, orders="all",
+    )  # fmt: skip
+    assert len(pruning) == (6 + 1 + 1 + 2 + 1 + 1) * 5
+    assert sorted(pruning["heads_kept"].unique().tolist()) == [10, 20, 30, 36, 40]
+    assert (pruning.loc[pruning["keep_fraction"] == 1.0, "nll"] == base.nll).all()
+    # Removing three quarters of a trained model's heads hurts, whatever the order.
+    quarter = pruning[pruning["keep_fraction"] == 0.25]
+    assert (quarter["delta_nll_rel"] > 0.2).all()
+    for _, ranking in rankings.groupby(["ranker", "seed", "order"]):
+        assert sorted(zip(ranking["layer"], ranking["head"], strict=True)) == [
+            (l, h) for l in range(5) for h in range(8)
+        ]
+    default = rankings[rankings["order"] == "Mixer>Reset>Retriever"]
+    regime = taxonomy.set_index(["layer", "head"])["regime"]
+    ranks = {"Mixer": 0, "Reset": 1, "Retriever": 2}
+    seq = [ranks[regime[(l, h)]] for l, h in zip(default["layer"], default["head"], strict=True)]
+    assert seq == sorted(seq)
+
+    scan = scan_heads(model, eval_ids, threshold=0.02)
+    assert len(scan) == 40
+    top = scan.sort_values("delta_nll_rel", ascending=False).iloc[0]
+    with remove_heads(model, [(int(top["layer"]), int(top["head"]))]):
+        removed = evaluate_nll(model, eval_ids).nll
+    assert top["delta_nll_rel"] == pytest.approx((removed - base.nll) / base.nll, abs=1e-12)
+    assert top["delta_nll_rel"] > 0.01 and scan["critical"].any()
+    assert scan["delta_nll_rel"].mean() > 0  # on average a trained head helps
