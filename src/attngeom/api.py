@@ -154,6 +154,7 @@ def _write(out, command: str, fingerprint_cfg: dict, tables: dict, overwrite: bo
                      "rank_windows": s.rank_windows, "eval_windows": s.eval_windows},
         seed=s.config.seed, timings=timings,
         tables={name: f"{name}.parquet" for name in tables}, counts={},
+        fingerprint=config_fingerprint(fingerprint_cfg),
     )
     if out is None:
         return None, manifest

@@ -57,7 +57,8 @@ def test_value_stats_match_direct_vectors() -> None:
     torch.testing.assert_close(s["sink_cos_mean"], direct)
     pair = torch.nn.functional.cosine_similarity(v[:, :1], v[:, 1:], dim=-1).mean(-1)
     torch.testing.assert_close(s["sink_cos_pairwise"], pair)
-    torch.testing.assert_close(s["norm_ratio"], v[:, 1:].norm(dim=-1).mean(-1) / v[:, 0].norm(dim=-1))
+    ratio = v[:, 1:].norm(dim=-1).mean(-1) / v[:, 0].norm(dim=-1)
+    torch.testing.assert_close(s["norm_ratio"], ratio)
 
 
 def test_sink_in_top_n_ties_and_visibility() -> None:

@@ -224,7 +224,8 @@ def test_regime_shares_by_layer() -> None:
     rows = list(zip(out["layer"].tolist(), out["regime"].tolist(), out["share"].tolist(),
                     strict=True))
     assert rows == [
-        (0, "Retriever", 0.0), (0, "Mixer", pytest.approx(2 / 3)), (0, "Reset", pytest.approx(1 / 3)),
+        (0, "Retriever", 0.0), (0, "Mixer", pytest.approx(2 / 3)),
+        (0, "Reset", pytest.approx(1 / 3)),
         (1, "Retriever", 0.5), (1, "Mixer", 0.0), (1, "Reset", 0.0), (1, "none", 0.5),
     ]
     with pytest.raises(ConfigError, match="regime"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.colors import SymLogNorm
 
@@ -65,7 +66,7 @@ def test_pruning_several_orders_get_their_own_lines(tables):
     p = tables["pruning"]
     tax = p[p.ranker == "taxonomy"]
     other = tax.assign(order="Reset,Mixer,Retriever", perplexity=tax.perplexity * 2)
-    d = fig_pruning(__import__("pandas").concat([p, other]))
+    d = fig_pruning(pd.concat([p, other]))
     assert "taxonomy [Mixer,Reset,Retriever]" in d.lines
     np.testing.assert_allclose(d.lines["taxonomy [Reset,Mixer,Retriever]"].get_ydata(),
                                other.sort_values("keep_fraction").perplexity)
@@ -95,7 +96,7 @@ def test_restrict_lines_and_nstar(tables):
 
 def test_restrict_layer_scope_only(tables):
     r = tables["restrict"]
-    layer_rows = __import__("pandas").concat(
+    layer_rows = pd.concat(
         [r.assign(scope="layer", layer=l, delta_nll_rel=r.delta_nll_rel * (l + 1))
          for l in range(2)])
     d = fig_restrict(layer_rows)

@@ -269,6 +269,8 @@ def test_build_manifest():
     assert m["fingerprint"] == config_fingerprint(config)
     m2 = build_manifest("analyze", config, {"name": "stories260K", "sha256": "ab"},
                         {"name": "tiny"}, 0, {"total_s": 1.5}, ["metrics"], {"windows": 4})
+    assert build_manifest("analyze", config, {}, {}, 0, {}, [], {},
+                          fingerprint="given")["fingerprint"] == "given"
     drop = lambda d: {k: v for k, v in d.items() if k != "created"}  # noqa: E731
     assert drop(m) == drop(m2)  # only "created" may differ
     from dataclasses import dataclass

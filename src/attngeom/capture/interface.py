@@ -179,7 +179,7 @@ class AttentionCall:
         """True when ``previous()`` is (or falls back to) the family's eager function."""
         prev = self._override.previous
         if prev == IMPLEMENTATION_NAME:
-            return False
+            return self._override.below is None  # set by hand, no handler below: eager
         return not (prev == "sdpa" and self.kwargs.get("softcap") is None)
 
     def previous(self) -> AttentionOutput:
@@ -310,6 +310,9 @@ def override_attention(model: torch.nn.Module, handler: Handler) -> Iterator[Non
     for m in modules:
         family_eager_function(m)
     name = register_attention_interface()
+    # transformers 5.x has no public getter for the active implementation;
+    # ``config._attn_implementation`` is what ``set_attn_implementation`` writes
+    # and what every attention module reads, so it is the one source of truth.
     previous = model.config._attn_implementation
     config_stack = _BY_CONFIG.setdefault(id(model.config), [])
     below = config_stack[-1] if previous == name and config_stack else None

@@ -113,7 +113,7 @@ def fit_exponential_decay(
         f = np.exp(-delta[None, None, :] / np.exp(log_lam)[..., None])
         return (weight[:, None, :] * (y[:, None, :] - f) ** 2).sum(-1)
 
-    grid = np.linspace(math.log(1e-2), math.log(1e2 * max(dn, 1)), 241)
+    grid = np.linspace(math.log(1e-2), math.log(1e2 * max(dn, 1)), 97)
     losses = loss(np.broadcast_to(grid, (h, grid.size)))
     best = np.argmin(losses, -1)
     lo = grid[np.maximum(best - 1, 0)]

@@ -53,6 +53,7 @@ from attngeom.errors import ConfigError
 
 SINK = 0
 _SLACK = 1e-10
+_CHUNK_BYTES = 256 * 2**20
 
 
 def check_n_grid(n_grid: Sequence[int]) -> tuple[int, ...]:
@@ -147,43 +148,54 @@ def _bound_rows(
     (..., T) bool marks the sink's slot (if it is in the universe); usize (...,) the
     universe size (slots < usize are the universe); mu, c_lo, c_hi broadcast to (...,).
     Returns precision, recall, f bounds of shape (..., NN), NaN where N is invalid.
+
+    Per N the non-sink bounds are ``L = (1 + 2 mu) a^2 - 2 a B`` on the first N slots and
+    ``U = 2 a C - a^2`` on the others, with per-row scalars ``B = mu S - c_lo A0`` and
+    ``C = mu S + c_hi A0``; the sink's slot is handled apart. So each N costs a few
+    passes over T (the selected prefix and the unselected suffix are slices).
     """
     t = a.shape[-1]
     slot = torch.arange(t, device=a.device)
     in_u = slot < usize[..., None]
-    a = torch.where(in_u, a, 0.0)
     is_sink = is_sink & in_u
+    a = torch.where(in_u, a, 0.0)
     a0 = torch.where(is_sink, a, 0.0).sum(-1)
-    sink_slot = torch.where(is_sink, slot, t).amin(-1) if t > 0 else usize
-    nonsink = torch.where(is_sink, 0.0, a)
-    csum = torch.cumsum(nonsink, -1)
-    tol = (_SLACK * a.sum(-1) ** 2)[..., None]
-    mu, c_lo, c_hi = (x[..., None] for x in (mu, c_lo, c_hi))
-    nan = torch.full(usize.shape, math.nan, dtype=torch.float64, device=a.device)
+    has_sink = is_sink.any(-1)
+    sink_slot = torch.where(is_sink, slot, t).amin(-1)
+    a_ns = torch.where(is_sink, 0.0, a)
+    csum = torch.cumsum(a_ns, -1)
+    tol2 = 2.0 * _SLACK * a.sum(-1) ** 2
+    a_sq = a_ns * a_ns
+    # the sink's slot gets L = +inf (never the minimum; its count is corrected below) and,
+    # with the keys outside the universe, U = -inf (never the maximum, never counted)
+    low_base = (1.0 + 2.0 * mu)[..., None] * a_sq + torch.where(is_sink, math.inf, 0.0)
+    up_base = a_sq + torch.where(is_sink | ~in_u, math.inf, 0.0)
+    two_a = 2.0 * a_ns
+    inf = torch.full_like(a0, math.inf)
+    nan = torch.full_like(a0, math.nan)
     precision, recall, f_score = [], [], []
     for n in n_grid:
-        valid = (usize > n) & (n >= 1)
-        s = csum[..., min(n, t) - 1][..., None] if t > 0 else a0[..., None] * 0
-        a0_sel = torch.where(sink_slot < n, a0, 0.0)[..., None]
-        a0e = a0[..., None]
-        low = torch.where(
-            is_sink,
-            a0e**2 + 2 * c_lo * a0e * s,
-            a**2 - 2 * mu * a * (s - a) + 2 * c_lo * a * a0_sel,
-        )
-        up = torch.where(
-            is_sink,
-            2 * c_hi * a0e * s - a0e**2,
-            2 * a * (mu * s + c_hi * a0_sel) - a**2,
-        )
-        low = low - tol
-        up = up + tol
-        sel = (slot < n) & in_u
-        unsel = in_u & ~sel
-        min_low = torch.where(sel, low, math.inf).amin(-1, keepdim=True)
-        max_up = torch.where(unsel, up, -math.inf).amax(-1, keepdim=True)
-        r = (sel & (low > max_up)).sum(-1).to(torch.float64) / n
-        p = n / (n + (unsel & (up >= min_low)).sum(-1).to(torch.float64))
+        k = min(n, t)
+        s = csum[..., k - 1]
+        sink_sel = has_sink & (sink_slot < n)
+        sink_uns = has_sink & ~sink_sel
+        a0_sel = torch.where(sink_sel, a0, 0.0)
+        low = low_base[..., :k] - two_a[..., :k] * (mu * s - c_lo * a0_sel)[..., None]
+        up = two_a[..., k:] * (mu * s + c_hi * a0_sel)[..., None] - up_base[..., k:]
+        low_sink = a0 * a0 + 2.0 * c_lo * a0 * s
+        up_sink = 2.0 * c_hi * a0 * s - a0 * a0
+        min_low = torch.minimum(low.amin(-1), torch.where(sink_sel, low_sink, inf))
+        max_up = torch.where(sink_uns, up_sink, -inf)
+        if k < t:
+            max_up = torch.maximum(up.amax(-1), max_up)
+        r_thr = max_up + tol2
+        r_cnt = ((low > r_thr[..., None]).sum(-1) - sink_sel.to(torch.int64)
+                 + (sink_sel & (low_sink > r_thr)).to(torch.int64))
+        p_thr = min_low - tol2
+        p_cnt = (up >= p_thr[..., None]).sum(-1) + (sink_uns & (up_sink >= p_thr))
+        valid = usize > n
+        r = r_cnt.to(torch.float64) / n
+        p = n / (n + p_cnt.to(torch.float64))
         denom = p + r
         f = torch.where(denom > 0, 2 * p * r / torch.where(denom > 0, denom, 1.0), 0.0)
         precision.append(torch.where(valid, p, nan))
@@ -248,13 +260,20 @@ def certified_bounds(
     if not torch.equal(universe.gather(-1, order), slot < usize[..., None]):
         raise ConfigError("order: expected the universe's keys first in every row, got a row that "
                           "puts a key outside the universe before one inside it")
-    norms = stats.norms.to(alpha.device)[kv_of_head.to(alpha.device)]  # (H, T)
-    a = alpha.to(torch.float64) * norms[:, None, :]
-    a_sorted = a.gather(-1, order)
-    is_sink = order == SINK
     kv = kv_of_head.to(alpha.device)
-    params = [_as_param(x, a).to(a.device)[kv][:, None].expand(h, q) for x in (mu, c_lo, c_hi)]
-    p, r, f = _bound_rows(a_sorted, is_sink, usize, grid, *params)
+    norms = stats.norms.to(alpha.device)[kv]  # (H, T)
+    params = [_as_param(x, norms)[kv][:, None] for x in (mu, c_lo, c_hi)]
+    # rows in chunks: each N keeps about a dozen (H, rows, T) float64 temporaries
+    rows = max(1, _CHUNK_BYTES // max(1, 8 * 12 * h * t))
+    parts = []
+    for s in range(0, q, rows):
+        sl = slice(s, s + rows)
+        a = alpha[:, sl].to(torch.float64) * norms[:, None, :]
+        o = order[:, sl]
+        m = a.shape[1]
+        parts.append(_bound_rows(a.gather(-1, o), o == SINK, usize[:, sl], grid,
+                                 *(x.expand(h, m) for x in params)))
+    p, r, f = (torch.cat([part[i] for part in parts], 1) for i in range(3))
     return {"precision_bound": p, "recall_bound": r, "f_bound": f}
 
 
@@ -418,9 +437,9 @@ class BoundsAccumulator:
 
     - ``kappa`` = mean non-sink value norm / mean sink norm (a ratio of pooled means);
     - ``mu`` = the ``quantile`` (default 0.99) of |cos(v_a, v_b)| over non-sink pairs
-      a < b, read from a histogram of ``bins`` equal bins on [0, 1] and reported as the
-      upper edge of the bin where the quantile falls (so it errs high by < 1 / bins and
-      the count of pairs above it is exact);
+      a < b, read from a histogram of ``bins`` equal right-closed bins on [0, 1] and
+      reported as the upper edge of the bin where the quantile falls (so it errs high by
+      < 1 / bins, and the pairs above it are exactly those in higher bins);
     - ``sink_cos`` = mean of cos(v_0, v_b) over b >= 1.
 
     Pairs with a zero vector are left out (see module docstring). The envelope uses the
@@ -462,51 +481,56 @@ class BoundsAccumulator:
             self._seen.add(key)
             self._add_values(state, batch.stats, batch.kv_of_head.cpu())
         universe = batch.universe()
-        alpha = torch.where(universe, batch.alpha.to(torch.float64), 0.0)
+        alpha = torch.where(universe, batch.alpha, 0.0)
         rows = universe.sum(-1) >= 1
-        alpha = alpha * rows[..., None]
-        state.alpha_sink_sum += alpha[..., SINK].sum(-1).cpu().numpy()
+        state.alpha_sink_sum += alpha[..., SINK].to(torch.float64).sum(-1).cpu().numpy()
+        # sorted in the input dtype (exact), summed in float64
         rest = torch.sort(alpha[..., 1:], dim=-1, descending=True).values
-        state.add_profile(rest.sum(1).cpu().numpy())
+        state.add_profile(rest.to(torch.float64).sum(1).cpu().numpy())
         state.query_count += rows.sum(-1).cpu().numpy()
         usize = universe.sum(-1).amax(-1).cpu().numpy()
         state.max_universe = np.maximum(state.max_universe, usize)
 
     def _add_values(self, state: _BoundsLayer, stats: ValueStats, kv: Tensor) -> None:
-        norms = stats.norms.cpu()
-        cos = cosine_matrix(stats).cpu()
+        """Fold one window's value geometry in (computed on the stats' device)."""
+        norms = stats.norms
+        dev = norms.device
         g, t = norms.shape
-        nz = norms > 0
-        state.nonsink_norm_sum += norms[:, 1:].sum(-1)[kv].numpy()
+
+        def host(x: Tensor) -> np.ndarray:
+            return x.to(torch.float64).cpu()[kv].numpy()
+
+        state.nonsink_norm_sum += host(norms[:, 1:].sum(-1))
         state.nonsink_norm_count += float(t - 1)
-        state.sink_norm_sum += norms[:, SINK][kv].numpy()
+        state.sink_norm_sum += host(norms[:, SINK])
         state.sink_norm_count += 1.0
         if t < 2:
             return
-        iu = torch.triu_indices(t - 1, t - 1, offset=1) + 1
+        cos = cosine_matrix(stats)
+        nz = norms > 0
+        iu = torch.triu_indices(t - 1, t - 1, offset=1, device=dev) + 1
         pair_ok = nz[:, iu[0]] & nz[:, iu[1]]  # (G, P)
-        abs_cos = cos[:, iu[0], iu[1]].abs()
-        edges = torch.linspace(0.0, 1.0, self.bins + 1, dtype=torch.float64)[1:]
-        idx = torch.bucketize(abs_cos.clamp(0.0, 1.0), edges, right=False)
-        idx = idx.clamp_max(self.bins - 1)
-        flat = (idx + self.bins * torch.arange(g)[:, None])[pair_ok]
+        abs_cos = cos[:, iu[0], iu[1]].abs().clamp(0.0, 1.0)
+        # right-closed bins (b / B, (b + 1) / B]: |cos| lands in bin ceil(B |cos|) - 1
+        idx = (torch.ceil(abs_cos * self.bins) - 1).clamp(0, self.bins - 1).to(torch.int64)
+        flat = (idx + self.bins * torch.arange(g, device=dev)[:, None])[pair_ok]
         hist = torch.bincount(flat, minlength=g * self.bins).reshape(g, self.bins)
-        state.cos_hist += hist[kv].to(torch.float64).numpy()
-        if pair_ok.any():
+        state.cos_hist += host(hist)
+        if bool(pair_ok.any()):
             cmax = torch.where(pair_ok, abs_cos, -math.inf).amax(-1)
-            state.cos_max = np.maximum(state.cos_max, cmax[kv].numpy())
+            state.cos_max = np.maximum(state.cos_max, host(cmax))
         sink_ok = nz[:, 1:] & nz[:, SINK : SINK + 1]
         sc = cos[:, SINK, 1:]
-        state.sink_cos_sum += torch.where(sink_ok, sc, 0.0).sum(-1)[kv].numpy()
-        state.sink_cos_count += sink_ok.sum(-1)[kv].to(torch.float64).numpy()
         pos = sink_ok & (sc > 0)
         neg = sink_ok & (sc < 0)
-        state.sink_pos_count += pos.sum(-1)[kv].to(torch.float64).numpy()
-        state.sink_neg_count += neg.sum(-1)[kv].to(torch.float64).numpy()
-        pmax = torch.where(pos, sc, 0.0).amax(-1)[kv].numpy()
-        nmax = torch.where(neg, -sc, 0.0).amax(-1)[kv].numpy()
-        state.sink_pos_max = np.maximum(state.sink_pos_max, pmax)
-        state.sink_neg_max = np.maximum(state.sink_neg_max, nmax)
+        state.sink_cos_sum += host(torch.where(sink_ok, sc, 0.0).sum(-1))
+        state.sink_cos_count += host(sink_ok.sum(-1))
+        state.sink_pos_count += host(pos.sum(-1))
+        state.sink_neg_count += host(neg.sum(-1))
+        state.sink_pos_max = np.maximum(state.sink_pos_max,
+                                        host(torch.where(pos, sc, 0.0).amax(-1)))
+        state.sink_neg_max = np.maximum(state.sink_neg_max,
+                                        host(torch.where(neg, -sc, 0.0).amax(-1)))
 
     def merge(self, other: BoundsAccumulator) -> BoundsAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
@@ -528,7 +552,7 @@ class BoundsAccumulator:
     def fits(self) -> dict[int, dict[str, np.ndarray]]:
         """Per layer the fitted (H,) ``kappa``, ``mu``, ``sink_cos``, violation columns."""
         out = {}
-        edges = np.linspace(0.0, 1.0, self.bins + 1)[1:]
+        edges = np.arange(1, self.bins + 1, dtype=np.float64) / self.bins
         for layer, st in self._layers.items():
             with np.errstate(divide="ignore", invalid="ignore"):
                 mean_ns = st.nonsink_norm_sum / st.nonsink_norm_count

@@ -54,8 +54,8 @@ def draw_layer_head_map(ax, grid, *, cmap, norm=None, colorbar_label=None, color
     """Draw ``grid`` as a layer (rows, layer 0 on top) x head (columns) heat map."""
     import matplotlib as mpl
 
-    cmap = mpl.colormaps[cmap].copy() if isinstance(cmap, str) else cmap.copy()
-    cmap.set_bad("#FFFFFF")
+    cmap = mpl.colormaps[cmap] if isinstance(cmap, str) else cmap
+    cmap = cmap.with_extremes(bad="#FFFFFF")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto",
                       origin="upper", interpolation="nearest")
     n_layers, n_heads = grid.shape
@@ -78,7 +78,3 @@ def draw_layer_head_map(ax, grid, *, cmap, norm=None, colorbar_label=None, color
 def _ticks(n: int):
     step = max(1, int(np.ceil(n / 8)))
     return np.arange(0, n, step)
-
-
-def finite(values) -> np.ndarray:
-    return np.asarray(values, dtype=float)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.colors import SymLogNorm
 
 from attngeom.figures import style
@@ -93,8 +94,10 @@ def fig_head_scan(head_scan, *, model=None, corpus=None, ax=None) -> Drawn:
     critical = rows[rows["critical"].astype(bool)]
     if len(critical):
         drawn.markers["critical"] = ax.scatter(critical["head"], critical["layer"], marker="x",
-                                               s=14, color="#000000", linewidths=0.8,
-                                               label="critical")
+                                               s=16, color="#000000", linewidths=0.9,
+                                               label="critical", path_effects=[
+                                                   patheffects.withStroke(linewidth=2.2,
+                                                                          foreground="white")])
         drawn.legend = ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.18),
                                  borderaxespad=0.0)
     ax.set_title("single-head removal")

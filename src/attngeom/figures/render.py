@@ -58,7 +58,7 @@ def render_all(run_dir, out_dir) -> list[Path]:
     Each figure is written as ``<name>.png`` and ``<name>.pdf``.
 
     >>> render_all("runs/demo", "runs/demo/figures")  # doctest: +SKIP
-    [PosixPath('runs/demo/figures/topn_model.png'), PosixPath('runs/demo/figures/topn_model.pdf'), ...]
+    [PosixPath('runs/demo/figures/topn_model.png'), ...]
     """
     result = render_figures(load_run(run_dir), out_dir)
     return [path for figure in result.figures for path in figure.files]
@@ -157,7 +157,7 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
         def topn_model():
             fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
             drawn = [fig_topn_curves(summary, metric=metric, ax=ax, legend=False, **sel)
-                     for ax, metric in zip(axes, METRICS)]
+                     for ax, metric in zip(axes, METRICS, strict=True)]
             _shared_legend(fig, drawn)
             return fig
 
@@ -175,7 +175,7 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
                 fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
                 drawn = [fig_topn_by_layer(summary, n=n_pick, metric=metric, ax=ax,
                                            legend=False, **sel)
-                         for ax, metric in zip(axes, METRICS)]
+                         for ax, metric in zip(axes, METRICS, strict=True)]
                 _shared_legend(fig, drawn)
                 return fig
 
@@ -275,7 +275,7 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
         def bounds_fig():
             fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
             drawn = [fig_bounds(bounds, metrics, metric=metric, ax=ax, legend=False, **sel)
-                     for ax, metric in zip(axes, METRICS)]
+                     for ax, metric in zip(axes, METRICS, strict=True)]
             _shared_legend(fig, drawn)
             return fig
 

@@ -71,7 +71,7 @@ def _make_hook(
                     f"{type(module).__name__} in layer {layer}, got {tuple(x.shape)}"
                 )
             g = g.view(g.shape[0], *([1] * (x.dim() - 2)), num_heads)
-        y = (x.unflatten(-1, (head_dim, num_heads)).transpose(-1, -2) * g[..., None]).flatten(-2)
+        y = (x.unflatten(-1, (num_heads, head_dim)) * g[..., None]).flatten(-2)
         if args:
             return (y, *args[1:]), kwargs
         return args, {next(iter(kwargs)): y}

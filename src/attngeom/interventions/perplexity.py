@@ -26,7 +26,15 @@ from attngeom.capture import model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import head_gates
 
-__all__ = ["NLLResult", "evaluate_nll", "head_removal_nll", "relative_delta", "window_nll"]
+__all__ = [
+    "NLLResult",
+    "check_batch_size",
+    "check_windows",
+    "evaluate_nll",
+    "head_removal_nll",
+    "relative_delta",
+    "window_nll",
+]
 
 _POSITION_CHUNK = 256  # positions per float64 log-softmax (bounds the extra memory)
 
@@ -78,7 +86,7 @@ def check_windows(model: nn.Module, input_ids: Tensor, what: str = "input_ids") 
     return input_ids.to(torch.long)
 
 
-def _check_batch_size(batch_size: int) -> int:
+def check_batch_size(batch_size: int) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size: expected a positive integer, got {batch_size!r}")
     return batch_size
@@ -140,7 +148,7 @@ def evaluate_nll(model: nn.Module, input_ids: Tensor, *, batch_size: int = 8) ->
         >>> evaluate_nll(model, ids).perplexity  # doctest: +SKIP
     """
     input_ids = check_windows(model, input_ids)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     was_training = model.training
     model.eval()
     try:
@@ -163,7 +171,7 @@ def head_removal_nll(
     Costs L * H + 1 passes over ``input_ids``; one set of gates is edited in place.
     """
     input_ids = check_windows(model, input_ids)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     layout = model_layout(model)
     n_tokens = input_ids.shape[0] * (input_ids.shape[1] - 1)
     base = evaluate_nll(model, input_ids, batch_size=batch_size)

@@ -33,7 +33,7 @@ from attngeom.capture import attention_output_projections, capture_attention, mo
 from attngeom.errors import ConfigError, ModelError
 from attngeom.interventions.gates import window_gates
 from attngeom.interventions.perplexity import (
-    _check_batch_size,
+    check_batch_size,
     check_windows,
     head_removal_nll,
     window_nll,
@@ -50,7 +50,10 @@ __all__ = [
     "RANKERS",
     "REGIMES",
     "HeadRanking",
+    "check_ranker",
+    "check_taxonomy_table",
     "entropy_ranking",
+    "gradient_importance",
     "gradient_ranking",
     "magnitude_ranking",
     "order_name",
@@ -322,7 +325,7 @@ def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) 
     """
     if not isinstance(rank_ids, Tensor) or rank_ids.dim() != 2:
         raise ConfigError(f"rank_ids: expected token ids of shape (N, T), got {rank_ids!r}")
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     layout = model_layout(model)
     total = torch.zeros(layout.num_layers, layout.num_heads, dtype=torch.float64)
     rows = torch.zeros(layout.num_layers, dtype=torch.float64)
@@ -363,7 +366,7 @@ def gradient_importance(model: nn.Module, rank_ids: Tensor, *, batch_size: int =
     gradient; ``torch.autograd.grad`` leaves the parameters' ``.grad`` untouched.
     """
     rank_ids = check_windows(model, rank_ids, what="rank_ids")
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     layout = model_layout(model)
     total = torch.zeros(layout.num_layers, layout.num_heads, dtype=torch.float64)
     per_window = rank_ids.shape[1] - 1

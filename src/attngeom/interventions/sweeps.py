@@ -32,7 +32,7 @@ from attngeom.errors import ConfigError
 from attngeom.interventions.gates import remove_heads
 from attngeom.interventions.perplexity import (
     NLLResult,
-    _check_batch_size,
+    check_batch_size,
     check_windows,
     evaluate_nll,
     head_removal_nll,
@@ -60,6 +60,7 @@ __all__ = [
     "SCAN_COLUMNS",
     "SCOPES",
     "heads_to_keep",
+    "n_star",
     "prune_sweep",
     "restrict_sweep",
     "scan_heads",
@@ -198,7 +199,7 @@ def prune_sweep(
 
     names = _names(rankers)
     fractions = _keep_fractions(keep_fractions)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     layout = model_layout(model)
     eval_ids = check_windows(model, eval_ids, what="eval_ids")
     needs_data = [n for n in names if n in DATA_RANKERS]
@@ -370,7 +371,7 @@ def restrict_sweep(
         not _is_real(t) or not math.isfinite(float(t)) or t < 0 for t in tau_list
     ):
         raise ConfigError(f"taus: expected a non-empty list of finite numbers >= 0, got {taus!r}")
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     layout = model_layout(model)
     eval_ids = check_windows(model, eval_ids, what="eval_ids")
     layer_list = _indices(layers, layout.num_layers, "layers")

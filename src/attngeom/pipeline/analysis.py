@@ -39,7 +39,7 @@ class Accumulators:
         """Every table the accumulators hold, as column dicts."""
         tables: dict[str, dict] = {}
         for name, acc in self.items.items():
-            out = acc.compute()
+            out = acc.tables() if hasattr(acc, "tables") else acc.compute()
             if out and all(isinstance(v, dict) for v in out.values()):
                 tables.update(out)
             else:

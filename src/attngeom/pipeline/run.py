@@ -45,7 +45,8 @@ def label_of(path_or_id: str) -> str:
 
 def load_windows(config: AnalysisConfig, tokenizer, *, n_windows=None, start_window=None):
     """Read the corpus and cut it into windows of ``config.window_length`` tokens."""
-    from attngeom.pipeline.corpus import make_windows, read_documents
+    from attngeom.pipeline.corpus import read_documents
+    from attngeom.pipeline.windows import make_windows
 
     docs, info = read_documents(
         config.corpus, text_column=config.text_column, separator=config.separator
@@ -97,10 +98,10 @@ def run_analysis(
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    fingerprint = config_fingerprint(config.fingerprint_dict())
     if out_dir is not None:
         out_dir = prepare_run_dir(
-            out_dir, command="analyze",
-            fingerprint=config_fingerprint(config.fingerprint_dict()), overwrite=overwrite,
+            out_dir, command="analyze", fingerprint=fingerprint, overwrite=overwrite
         )
     if model_and_tokenizer is None:
         model, tokenizer = load_model(config.model, device=config.device, dtype=config.dtype)
@@ -161,6 +162,7 @@ def run_analysis(
         timings=timings,
         tables={name: f"{name}.parquet" for name in tables},
         counts=counts,
+        fingerprint=fingerprint,
     )
     if out_dir is not None:
         for name, df in tables.items():
@@ -170,7 +172,7 @@ def run_analysis(
 
 
 def _corpus_meta(info, windows, config) -> dict:
-    meta = dict(vars(info)) if hasattr(info, "__dict__") else dict(info)
+    meta = info.to_dict() if hasattr(info, "to_dict") else dict(info)
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in meta.items()}
     meta.update({
         "n_windows": len(windows),

@@ -48,7 +48,8 @@ def separability_findings(summary, model_label: str = "") -> list[str]:
         at = rows[(rows["n"] == pick_n) & (rows["metric"] == "f_score")].set_index("rule")
         if "attention" not in at.index:
             continue
-        text = f"{model_label}F-score at N = {pick_n}: attention-selected sets {_ci(at.loc['attention'])}"
+        text = (f"{model_label}F-score at N = {pick_n}: attention-selected sets "
+                f"{_ci(at.loc['attention'])}")
         if "random" in at.index:
             text += f", random sets {_ci(at.loc['random'])}"
         if "contribution" in at.index:
@@ -74,8 +75,8 @@ def separability_tables(summary) -> list[tuple[str, pd.DataFrame]]:
         fmt(m) if not (np.isfinite(lo) and np.isfinite(hi))
         else f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]"
         for m, lo, hi in rows[["mean", "ci_low", "ci_high"]].itertuples(index=False)])
-    table = cell.pivot_table(index=["model", "corpus", "metric", "rule"], columns="n", values="value",
-                             aggfunc="first")
+    table = cell.pivot_table(index=["model", "corpus", "metric", "rule"], columns="n",
+                             values="value", aggfunc="first")
     table.columns = [f"N={c}" for c in table.columns]
     return [("Model-wide P, R and F by rule and N (mean [95% CI])", table)]
 
@@ -148,9 +149,9 @@ def taxonomy_tables(taxonomy) -> list[tuple[str, pd.DataFrame]]:
     counts = counts[[r for r in REGIMES if r in counts.columns]]
     cols = [c for c in ("f_self", "f_sink", "f_other", "sink_alignment", "self_alignment",
                         "mean_output_norm") if c in taxonomy.columns]
-    signature = taxonomy.groupby(["model", "corpus", taxonomy["regime"].astype(str)])[cols].mean()
-    signature.insert(0, "heads", taxonomy.groupby(["model", "corpus", taxonomy["regime"].astype(str)])
-                     .size())
+    keys = ["model", "corpus", taxonomy["regime"].astype(str)]
+    signature = taxonomy.groupby(keys)[cols].mean()
+    signature.insert(0, "heads", taxonomy.groupby(keys).size())
     return [("Heads per regime by layer", counts),
             ("Regime signatures (mean over heads)", signature)]
 
@@ -164,9 +165,9 @@ def bounds_findings(bounds, model_label: str = "") -> list[str]:
            f"{fmt(100 * certified, 3)}% of (head, N) pairs; median largest certified N over "
            f"heads: {fmt(largest.median())}."]
     if "violation_rate" in bounds.columns:
+        worst = bounds["violation_max"].max() if "violation_max" in bounds else np.nan
         out.append(f"{model_label}Fitted assumptions are violated at a mean rate of "
-                   f"{fmt(bounds['violation_rate'].mean())} (largest violation "
-                   f"{fmt(bounds['violation_max'].max() if 'violation_max' in bounds else np.nan)}).")
+                   f"{fmt(bounds['violation_rate'].mean())} (largest violation {fmt(worst)}).")
     return out
 
 
@@ -241,7 +242,8 @@ def head_scan_tables(head_scan) -> list[tuple[str, pd.DataFrame]]:
     cols = [c for c in ("model", "corpus", "layer", "head", "delta_nll_rel", "nll", "critical")
             if c in head_scan.columns]
     top = head_scan.sort_values("delta_nll_rel", ascending=False).head(10)[cols]
-    return [("Ten heads whose removal costs most", top.set_index(["model", "corpus", "layer", "head"]))]
+    top = top.set_index(["model", "corpus", "layer", "head"])
+    return [("Ten heads whose removal costs most", top)]
 
 
 def restrict_findings(restrict, nstar, model_label: str = "") -> list[str]:

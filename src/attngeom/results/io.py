@@ -258,9 +258,12 @@ def read_manifest(run_dir) -> dict:
 # --------------------------------------------------------------------------- run dirs
 
 
+REPORT_DIR = "report"  # written by ``attngeom report`` inside a run directory
+
+
 def _own_names(manifest: dict | None) -> set[str]:
     """Top-level names in a run directory that attngeom wrote (and may remove)."""
-    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in TABLE_NAMES)}
+    own = {MANIFEST_NAME, REPORT_DIR, *(f"{n}.parquet" for n in TABLE_NAMES)}
     if manifest:
         listed = list((manifest.get("tables") or {}).values()) if isinstance(
             manifest.get("tables"), dict

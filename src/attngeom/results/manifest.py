@@ -141,12 +141,16 @@ def build_manifest(
     timings,
     tables,
     counts,
+    *,
+    fingerprint: str | None = None,
 ) -> dict:
     """The manifest of one run, ready for ``io.write_manifest``.
 
-    Adds ``fingerprint`` (``config_fingerprint(config)``, what ``prepare_run_dir``
-    compares), ``attngeom_version``, ``versions`` (torch, transformers, numpy, pandas,
-    pyarrow, python) and ``created`` (UTC, ISO 8601, the only non-deterministic
+    Adds ``fingerprint`` (what ``prepare_run_dir`` compares; pass the one given to
+    ``prepare_run_dir`` when that hashes less than the whole ``config``, e.g. not the
+    labels or the device; default ``config_fingerprint(config)``),
+    ``attngeom_version``, ``versions`` (torch, transformers, numpy, pandas, pyarrow,
+    python) and ``created`` (UTC, ISO 8601, the only non-deterministic
     field). ``model_info`` and ``corpus_info`` may be dicts or dataclasses (e.g.
     ``CorpusInfo``); ``tables`` is ``{table_name: file_name}`` or a list of names
     (each stored as ``NAME.parquet``). Everything must be JSON-serialisable.
@@ -164,7 +168,7 @@ def build_manifest(
         "attngeom_version": attngeom_version(),
         "command": command,
         "config": config,
-        "fingerprint": config_fingerprint(config),
+        "fingerprint": config_fingerprint(config) if fingerprint is None else str(fingerprint),
         "model": _as_dict(model_info, "model_info"),
         "corpus": _as_dict(corpus_info, "corpus_info"),
         "versions": package_versions(),

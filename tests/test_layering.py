@@ -1,0 +1,88 @@
+"""The package layout is the architecture (STYLE.md): check who imports whom."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "attngeom"
+
+# package -> attngeom subpackages it may import (errors is allowed everywhere)
+ALLOWED = {
+    "core": {"core"},
+    "capture": {"core", "capture"},
+    "interventions": {"core", "capture", "interventions"},
+    "pipeline": {"core", "capture", "interventions", "results", "pipeline"},
+    "results": {"results"},
+    "figures": {"results", "figures"},
+    "report": {"results", "figures", "report"},
+    "cli": {"api", "pipeline"},
+}
+THIRD_PARTY_FORBIDDEN = {
+    "core": {"transformers", "pandas", "matplotlib", "pyarrow"},
+    "results": {"torch", "transformers", "matplotlib"},
+    "figures": {"torch", "transformers"},
+    "report": {"torch", "transformers"},
+    "interventions": {"transformers"},
+    "pipeline": {"transformers"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _package_of(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_internal_imports_follow_the_layering(package: str) -> None:
+    files = [SRC / f"{package}.py"] if (SRC / f"{package}.py").exists() else []
+    files += sorted((SRC / package).rglob("*.py")) if (SRC / package).is_dir() else []
+    assert files, package
+    bad = []
+    for f in files:
+        for name in _imports(f):
+            parts = name.split(".")
+            if parts[0] == "attngeom" and len(parts) > 1 and parts[1] != "errors":
+                if parts[1] not in ALLOWED[package]:
+                    bad.append(f"{f.relative_to(SRC)} imports {name}")
+            if parts[0] in THIRD_PARTY_FORBIDDEN.get(package, set()):
+                bad.append(f"{f.relative_to(SRC)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_capture_imports_transformers() -> None:
+    offenders = [
+        str(f.relative_to(SRC))
+        for f in SRC.rglob("*.py")
+        if any(n.split(".")[0] == "transformers" for n in _imports(f))
+        and _package_of(f) != "capture"
+    ]
+    assert offenders == []
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, attngeom.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    # quick because nothing heavy is imported (no wall-clock assertion on a shared machine)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+    assert "analyze" in out.stdout and "scan-heads" in out.stdout
