@@ -356,14 +356,20 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
         tb[["layer", "head", "regime"]], on=["layer", "head"], suffixes=("_a", "_b")
     )
     agr = regime_agreement(list(merged["regime_a"]), list(merged["regime_b"]))
-    confusion = agr["confusion"]
-    if not isinstance(confusion, pd.DataFrame):
-        confusion = pd.DataFrame(confusion)
+    long = pd.DataFrame(agr.confusion)
+    confusion = long.pivot_table(index="regime_a", columns="regime_b", values="count",
+                                 aggfunc="sum", sort=False)
+    confusion.index.name = f"{_run_name(ma, run_a)} \\ {_run_name(mb, run_b)}"
+    confusion.columns.name = None
     return Comparison(
-        agreement=float(agr["agreement"]), kappa=float(agr["kappa"]),
-        n_heads=int(agr["n_heads"]), excluded=int(agr["excluded"]),
-        confusion=confusion, merged=merged,
+        agreement=float(agr.agreement), kappa=float(agr.kappa), n_heads=int(agr.n_heads),
+        excluded=int(agr.n_excluded), confusion=confusion, merged=merged,
     )
+
+
+def _run_name(manifest: dict, run) -> str:
+    corpus = manifest.get("config", {}).get("corpus_label") or Path(str(run)).name
+    return str(corpus)
 
 
 def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> dict:

@@ -23,6 +23,7 @@ from attngeom.capture import (
     AttentionCall,
     LayerCapture,
     capture_attention,
+    check_model,
     model_layout,
     override_attention,
     tolerance_for,
@@ -270,3 +271,21 @@ def test_negative_rows_and_gqa_groups_on_llama():
     assert caps[0].query_rows.tolist() == [11, 0]
     layout = model_layout(model)
     assert (layout.num_heads, layout.num_kv_heads, layout.group_size) == (4, 2, 2)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_bfloat16_capture_reads_its_tolerance_from_the_table(name):
+    dtype = torch.bfloat16
+    tol = tolerance_for(dtype)
+    model = make_model(name).to(dtype)
+    inputs = make_inputs(name)
+    own = run(model, inputs)
+    logits, caps = captured(model, inputs, query_rows=[2, -1])
+    assert torch.equal(logits, own)
+    eager = make_model(name, attn_implementation="eager").to(dtype)
+    with torch.no_grad():
+        reference = eager(**inputs, output_attentions=True).attentions
+    for c in caps:
+        assert c.alpha.dtype == torch.float32 and c.values.dtype == torch.float32
+        assert tol.close(c.alpha, reference[c.layer][:, :, [2, 11]].float())
+    assert check_model(model).tolerance == tol

@@ -493,3 +493,27 @@ def test_certified_bounds_row_chunks_equal_one_pass(monkeypatch) -> None:
     many = certified_bounds(alpha, stats, kv, order, uni, [1, 3, 8], *c)
     for k in one:
         torch.testing.assert_close(one[k], many[k], equal_nan=True)
+
+
+def test_rows_with_non_finite_alpha_are_skipped() -> None:
+    """A row with a NaN alpha on its universe counts nowhere: the table equals the run
+    without that row."""
+    gen = torch.Generator().manual_seed(21)
+    t = 7
+    v = torch.randn(2, t, 3, generator=gen)
+    qpos = torch.arange(1, t)
+    vis = causal(qpos, t)
+    alpha = torch.softmax(torch.randn(4, t - 1, t, generator=gen).masked_fill(~vis, -math.inf),
+                          -1)
+    bad = alpha.clone()
+    bad[:, 2, 1] = float("nan")
+    keep = torch.tensor([0, 1, 3, 4, 5])
+    acc_bad, acc_ref = BoundsAccumulator([1, 2]), BoundsAccumulator([1, 2])
+    acc_bad.update(batch_of(v, bad, qpos))
+    acc_ref.update(batch_of(v, alpha[:, keep], qpos[keep]))
+    got, ref = acc_bad.compute(), acc_ref.compute()
+    for k in ref:
+        if ref[k].dtype.kind == "f":
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, equal_nan=True)
+        else:
+            assert got[k].tolist() == ref[k].tolist(), k

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, cosine_matrix
+from attngeom.core.bounds import SINK, cosine_matrix, finite_rows
 from attngeom.errors import ConfigError
 
 ASSUMPTIONS_COLUMNS = (
@@ -153,14 +153,14 @@ def attention_profile_masses(
     t = alpha.shape[-1]
     pos = torch.arange(t, device=alpha.device)
     qpos = query_positions.to(device=alpha.device, dtype=torch.int64)
-    a = torch.where(universe, alpha.to(torch.float64), 0.0)
+    a = torch.where(universe, alpha, 0.0).to(torch.float64)
     sink = (pos < sink_width)[None, None, :]
     near = ((qpos[:, None] - pos[None, :]).abs() < recent)[None] & ~sink
     return {
         "mass_sink": torch.where(sink, a, 0.0).sum(-1),
         "mass_recent": torch.where(near, a, 0.0).sum(-1),
         "mass_middle": torch.where(~sink & ~near, a, 0.0).sum(-1),
-        "valid": universe.sum(-1) >= 2,
+        "valid": (universe.sum(-1) >= 2) & finite_rows(alpha, universe),
     }
 
 

@@ -71,6 +71,11 @@ def check_n_grid(n_grid: Sequence[int]) -> tuple[int, ...]:
     return grid
 
 
+def finite_rows(alpha: Tensor, universe: Tensor) -> Tensor:
+    """(H, Q) bool: rows whose alphas are finite on their universe (others are skipped)."""
+    return (torch.isfinite(alpha) | ~universe).all(-1)
+
+
 def safe_cos(inner: Tensor, denom: Tensor) -> Tensor:
     """``inner / denom`` clamped to [-1, 1], with 0 where ``denom`` is 0 (a zero vector)."""
     ok = denom > 0
@@ -81,7 +86,8 @@ def safe_cos(inner: Tensor, denom: Tensor) -> Tensor:
 def cosine_matrix(stats: ValueStats) -> Tensor:
     """(G, T, T) float64 cosines ``cos(v_a, v_b)`` read off the Gram matrix (0 for zero vectors)."""
     norms = stats.norms
-    return safe_cos(stats.gram, norms[:, :, None] * norms[:, None, :])
+    inv = torch.where(norms > 0, 1.0 / torch.where(norms > 0, norms, 1.0), 0.0)
+    return (stats.gram * inv[:, :, None] * inv[:, None, :]).clamp_(-1.0, 1.0)
 
 
 class WindowConstants(NamedTuple):
@@ -106,7 +112,6 @@ def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> Window
     >>> [round(float(x[0]), 4) for x in window_constants(ValueStats(v))]
     [0.7071, -1.0, 0.0]
     """
-    cos = cosine_matrix(stats)
     norms = stats.norms
     g, t = norms.shape
     keep = norms > 0
@@ -114,18 +119,23 @@ def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> Window
         if exclude.shape != (t,):
             raise ConfigError(f"exclude: expected shape ({t},), got {tuple(exclude.shape)}")
         keep = keep & ~exclude.to(device=keep.device, dtype=torch.bool)[None, :]
-    pos = torch.arange(t, device=norms.device)
-    nonsink = keep & (pos >= 1)[None, :]
-    pair = nonsink[:, :, None] & nonsink[:, None, :] & (pos[:, None] != pos[None, :])[None]
-    zero = torch.zeros((), dtype=cos.dtype, device=cos.device)
-    mu = torch.where(pair, cos.abs(), zero).amax(dim=(-1, -2)) if t > 1 else cos.new_zeros(g)
-    sink_row = cos[:, SINK, :]
-    with_sink = nonsink & keep[:, SINK : SINK + 1]
+    zeros = norms.new_zeros(g)
+    if t < 2:
+        return WindowConstants(zeros, zeros.clone(), zeros.clone())
+    cos = cosine_matrix(stats)
+    # a pair with a zero vector has cosine 0 here, which never raises max |cos| >= 0, so
+    # for mu it only has to be masked where positions are excluded
+    block = cos[:, 1:, 1:].abs()
+    if exclude is not None:
+        k = keep[:, 1:].to(block.dtype)
+        block = block * k[:, :, None] * k[:, None, :]
+    block.diagonal(dim1=-2, dim2=-1).zero_()
+    mu = block.amax(dim=(-1, -2)) if t > 2 else zeros.clone()
+    with_sink = keep[:, 1:] & keep[:, SINK : SINK + 1]
+    sink_row = cos[:, SINK, 1:]
     any_sink = with_sink.any(-1)
-    c_lo = torch.where(with_sink, sink_row, math.inf).amin(-1) if t > 1 else cos.new_zeros(g)
-    c_hi = torch.where(with_sink, sink_row, -math.inf).amax(-1) if t > 1 else cos.new_zeros(g)
-    c_lo = torch.where(any_sink, c_lo, zero) if t > 1 else c_lo
-    c_hi = torch.where(any_sink, c_hi, zero) if t > 1 else c_hi
+    c_lo = torch.where(any_sink, torch.where(with_sink, sink_row, math.inf).amin(-1), 0.0)
+    c_hi = torch.where(any_sink, torch.where(with_sink, sink_row, -math.inf).amax(-1), 0.0)
     return WindowConstants(mu, c_lo, c_hi)
 
 
@@ -358,7 +368,8 @@ def constant_norm_envelope(
     else:
         c_lo = c_hi = _as_param(sink_cos, prof)
     kappa, mu = _as_param(kappa, prof), _as_param(mu, prof)
-    batch = torch.broadcast_shapes(prof.shape[:-1], kappa.shape, mu.shape, c_lo.shape, c_hi.shape)
+    # numpy's broadcast_shapes: torch's imports sympy on first use (~1 s)
+    batch = np.broadcast_shapes(*(tuple(x.shape) for x in (prof[..., 0], kappa, mu, c_lo, c_hi)))
     t = prof.shape[-1]
     prof = prof.expand(*batch, t).reshape(-1, t)
     kappa, mu, c_lo, c_hi = (x.expand(batch).reshape(-1) for x in (kappa, mu, c_lo, c_hi))
@@ -367,13 +378,13 @@ def constant_norm_envelope(
     # attention rule: descending alpha, ties to the smaller position (stable sort on -alpha)
     order = torch.sort(-prof, dim=-1, stable=True).indices
     a = (prof * norms).gather(-1, order)
-    usize = torch.full((prof.shape[0],), t, dtype=torch.int64)
+    usize = torch.full((prof.shape[0],), t, dtype=torch.int64, device=prof.device)
     p, r, f = _bound_rows(a, order == SINK, usize, grid, mu, c_lo, c_hi)
     bad = ~((kappa > 0) & torch.isfinite(mu) & torch.isfinite(c_lo)
             & torch.isfinite(c_hi) & torch.isfinite(prof).all(-1))[:, None]
     p, r, f = (torch.where(bad, math.nan, x) for x in (p, r, f))
     certified = (r == 1.0) & (p == 1.0)
-    gvals = torch.tensor(grid, dtype=torch.int64)
+    gvals = torch.tensor(grid, dtype=torch.int64, device=prof.device)
     # the grid need not be sorted: "every grid N' <= N" is checked in ascending N
     asc = torch.argsort(gvals)
     run = torch.cumprod(certified[:, asc].to(torch.int64), -1).to(torch.bool)
@@ -481,8 +492,9 @@ class BoundsAccumulator:
             self._seen.add(key)
             self._add_values(state, batch.stats, batch.kv_of_head.cpu())
         universe = batch.universe()
+        rows = finite_rows(batch.alpha, universe) & universe.any(-1)
+        universe = universe & rows[..., None]
         alpha = torch.where(universe, batch.alpha, 0.0)
-        rows = universe.sum(-1) >= 1
         state.alpha_sink_sum += alpha[..., SINK].to(torch.float64).sum(-1).cpu().numpy()
         # sorted in the input dtype (exact), summed in float64
         rest = torch.sort(alpha[..., 1:], dim=-1, descending=True).values
@@ -513,7 +525,8 @@ class BoundsAccumulator:
         abs_cos = cos[:, iu[0], iu[1]].abs().clamp(0.0, 1.0)
         # right-closed bins (b / B, (b + 1) / B]: |cos| lands in bin ceil(B |cos|) - 1
         idx = (torch.ceil(abs_cos * self.bins) - 1).clamp(0, self.bins - 1).to(torch.int64)
-        flat = (idx + self.bins * torch.arange(g, device=dev)[:, None])[pair_ok]
+        flat = idx + self.bins * torch.arange(g, device=dev)[:, None]
+        flat = flat.reshape(-1) if bool(pair_ok.all()) else flat[pair_ok]
         hist = torch.bincount(flat, minlength=g * self.bins).reshape(g, self.bins)
         state.cos_hist += host(hist)
         if bool(pair_ok.any()):

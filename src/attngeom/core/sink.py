@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, check_n_grid, safe_cos
+from attngeom.core.bounds import SINK, check_n_grid, finite_rows, safe_cos
 from attngeom.errors import ConfigError
 
 SINK_COLUMNS = (
@@ -85,7 +85,8 @@ def sink_query_stats(
 
     Shapes: alpha (H, Q, T), universe (H, Q, T) bool -> ``sink_mass`` (H, Q) float64,
     ``mass_valid`` (H, Q) bool (>= 2 visible keys), ``in_top_n`` and ``top_valid``
-    (H, Q, NN) bool (valid: 1 <= N < |U_t|).
+    (H, Q, NN) bool (valid: 1 <= N < |U_t|). Rows with a non-finite alpha on their
+    universe are invalid throughout.
 
     >>> a = torch.tensor([[[0.3, 0.3, 0.4, 0.0]]])
     >>> u = torch.tensor([[[True, True, True, False]]])
@@ -101,11 +102,12 @@ def sink_query_stats(
     beats = ((alpha > a0[..., None]) & universe).sum(-1)
     n = torch.tensor(grid, dtype=torch.int64, device=alpha.device)
     in_top = universe[..., SINK, None] & (beats[..., None] < n)
+    ok = finite_rows(alpha, universe)
     return {
         "sink_mass": a0.to(torch.float64),
-        "mass_valid": usize >= 2,
+        "mass_valid": (usize >= 2) & ok,
         "in_top_n": in_top,
-        "top_valid": n < usize[..., None],
+        "top_valid": (n < usize[..., None]) & ok[..., None],
     }
 
 
@@ -181,7 +183,7 @@ class SinkAccumulator:
         win.top_sum += (q["in_top_n"] & tv).sum(1).cpu().numpy()
         win.top_count += tv.sum(1).cpu().numpy()
         u = universe & mv[..., None]
-        alpha = torch.where(u, batch.alpha.to(torch.float64), 0.0)
+        alpha = torch.where(u, batch.alpha, 0.0).to(torch.float64)
         inv = 1.0 / universe.sum(-1).clamp_min(1).to(torch.float64)
         parts = [alpha.sum(1), (u * inv[..., None]).sum(1), u.sum(1).to(torch.float64)]
         self._add_pos(batch.layer, [p.cpu().numpy() for p in parts])

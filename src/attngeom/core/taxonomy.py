@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, safe_cos
+from attngeom.core.bounds import SINK, finite_rows, safe_cos
 from attngeom.errors import ConfigError
 
 REGIMES = ("Retriever", "Mixer", "Reset")
@@ -103,8 +103,8 @@ def output_inner_products(
 def taxonomy_rows(batch: AttentionBatch) -> dict[str, Tensor]:
     """Per analysed row: validity, winner, class, offset, alignments, output norm (SPEC 4).
 
-    Shapes: -> ``valid`` (H, Q) bool (t >= 1 and a non-empty universe), ``winner`` (H, Q)
-    int64, ``cls`` (H, Q) int64 (0 self, 1 sink, 2 other), ``offset`` (H, Q) int64
+    Shapes: -> ``valid`` (H, Q) bool (t >= 1, a non-empty universe, finite alphas),
+    ``winner`` (H, Q) int64, ``cls`` (H, Q) int64 (0 self, 1 sink, 2 other), ``offset`` (H, Q) int64
     ``t - w_t``, ``sink_alignment``, ``self_alignment``, ``output_norm`` (H, Q) float64.
     """
     universe = batch.universe()
@@ -112,7 +112,7 @@ def taxonomy_rows(batch: AttentionBatch) -> dict[str, Tensor]:
     norms = batch.stats.norms.to(batch.alpha.device)[kv]
     winner = source_winners(batch.alpha, norms, universe)
     tpos = batch.query_positions.to(device=batch.alpha.device, dtype=torch.int64)
-    valid = (tpos >= 1)[None, :] & universe.any(-1)
+    valid = (tpos >= 1)[None, :] & universe.any(-1) & finite_rows(batch.alpha, universe)
     cls = torch.where(winner == tpos[None, :], 0, torch.where(winner == SINK, 1, 2))
     alpha = torch.where(universe, batch.alpha, 0.0)
     ip = output_inner_products(alpha, batch.stats, kv, tpos)

@@ -1,0 +1,244 @@
+"""The random-selection control (SPEC 2): reproducible, seeded by every coordinate, nested, uniform.
+
+``permutation_keys`` gives every key position a pseudo-random sort key that is a
+pure function of (seed, window, layer, head, t, k, j); a row's random order is its
+universe sorted by these keys. The checks here are deterministic (fixed seeds), so
+the statistical ones cannot flake: they either pass for this hash or they do not.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from attngeom.core.random_control import permutation_keys
+
+try:
+    from tests.reference_geometry import METRIC_FIELDS, row_metrics, universe_of_row
+except ImportError:  # tests/ itself is on sys.path when it is not a package
+    from reference_geometry import METRIC_FIELDS, row_metrics, universe_of_row
+
+
+def keys(seed=0, window=0, layer=0, heads=(0, 1, 2), positions=(3, 7), repeats=3, num_keys=8):
+    return permutation_keys(
+        seed, window, layer, torch.tensor(heads), torch.tensor(positions), repeats, num_keys
+    )
+
+
+def test_keys_shape_dtype_and_reproducible():
+    a, b = keys(), keys()
+    assert a.shape == (3, 3, 2, 8)
+    assert a.dtype == torch.int64
+    assert torch.equal(a, b)
+    assert (a >= 0).all()
+    # distinct within every row: the sort has no ties to break
+    assert all(len(set(row.tolist())) == 8 for row in a.reshape(-1, 8))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"seed": 1}, {"seed": 2**31 + 5}, {"window": 1}, {"layer": 1}, {"window": 7, "layer": 3}],
+)
+def test_keys_change_with_seed_window_layer(change):
+    base, other = keys(), keys(**change)
+    assert (base != other).all(), f"{change}: some keys unchanged"
+
+
+def test_keys_change_with_head_position_and_repeat():
+    k = keys(heads=(0, 1), positions=(5, 6), repeats=2)
+    assert (k[:, 0] != k[:, 1]).all()  # head
+    assert (k[:, :, 0] != k[:, :, 1]).all()  # query position t
+    assert (k[0] != k[1]).all()  # repeat
+    # the head index is the query head, not its position in the batch
+    assert (keys(heads=(1,)) != keys(heads=(0,))).all()
+
+
+def test_keys_do_not_depend_on_the_batch():
+    """Keys of one (head, t) are the same whatever else is computed with them (shards merge)."""
+    full = keys(heads=(0, 1, 2, 3), positions=(2, 5, 7))
+    for hi, h in enumerate((0, 1, 2, 3)):
+        for qi, t in enumerate((2, 5, 7)):
+            single = keys(heads=(h,), positions=(t,))
+            assert torch.equal(full[:, hi, qi], single[:, 0, 0])
+    swapped = keys(heads=(3, 0), positions=(7, 2))
+    assert torch.equal(swapped[:, 0, 0], full[:, 3, 2])
+
+
+def first_positions(universe, seeds, heads=4, positions=(7,), repeats=8, num_keys=8):
+    """First key of the random order of ``universe`` for many seeds, heads, t and k."""
+    firsts = []
+    index = torch.tensor(universe)
+    for seed in seeds:
+        k = keys(seed=seed, heads=tuple(range(heads)), positions=positions, repeats=repeats,
+                 num_keys=num_keys)[..., index]
+        firsts.append(index[torch.argmin(k, dim=-1)].reshape(-1))
+    return torch.cat(firsts).numpy()
+
+
+def chi_square(counts: np.ndarray) -> float:
+    expected = counts.sum() / counts.size
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("universe", [list(range(8)), [1, 2, 3, 4, 5, 6, 7], [0, 2, 5]])
+def test_first_position_roughly_uniform(universe):
+    """Chi-square of the first position over 200 seeds x 4 heads x 8 repeats (6400 draws).
+
+    Limits are the 99.99% quantiles of chi-square (29.9 for 7 degrees of freedom,
+    27.9 for 6, 18.4 for 2): a biased hash (one ignoring the seed, or favouring small
+    positions) exceeds them by far; the sample is deterministic, so this cannot flake.
+    """
+    firsts = first_positions(universe, seeds=range(200))
+    counts = np.array([(firsts == j).sum() for j in universe])
+    assert counts.sum() == 6400
+    limit = {8: 29.9, 7: 27.9, 3: 18.4}[len(universe)]
+    assert chi_square(counts) < limit, counts
+
+
+def test_whole_permutation_roughly_uniform():
+    """All 6 orders of a 3-key universe appear about equally often (6400 draws, 5 dof)."""
+    counts = {}
+    for seed in range(200):
+        k = keys(seed=seed, heads=(0, 1, 2, 3), positions=(2,), repeats=8, num_keys=3)
+        for row in k.reshape(-1, 3):
+            perm = tuple(torch.argsort(row).tolist())
+            counts[perm] = counts.get(perm, 0) + 1
+    assert sorted(counts) == sorted(itertools.permutations(range(3)))
+    assert chi_square(np.array(list(counts.values()))) < 25.7, counts  # the 99.99% quantile for 5 dof
+
+
+def test_chi_square_check_can_fail():
+    """The uniformity check rejects a mildly biased sampler of the same size."""
+    rng = np.random.default_rng(0)
+    biased = rng.choice(8, size=6400, p=[0.16] + [0.12] * 7)
+    assert chi_square(np.bincount(biased, minlength=8)) > 29.9
+
+
+# ---- nesting, seen through the fast path's metrics -------------------------------------
+
+
+def fast_geometry():
+    geometry = pytest.importorskip("attngeom.core.geometry")
+    if not hasattr(geometry, "topn_metrics"):
+        pytest.skip("attngeom.core.geometry.topn_metrics not written yet")
+    return geometry
+
+
+def metrics_match(got: dict, order, n, alpha_row, values_kv) -> bool:
+    """Do the observed metrics equal those of the set order[:n]? (counts exactly, margin 1e-6)
+
+    The margin tolerance allows for the fast path's float64 radii: near D = 0 (every
+    N = 1 row) a radius is the square root of a rounding residual, about 1e-8 * |s|.
+    """
+    want = row_metrics(list(order), n, alpha_row, values_kv, "euclidean")
+    want = [float(want.precision), float(want.recall), float(want.f_score), want.margin,
+            float(want.inversions)]
+    return all(abs(got[name] - w) <= 1e-6 for name, w in zip(METRIC_FIELDS, want))
+
+
+def nested_chain_exists(observed, universe, alpha_row, values_kv) -> bool:
+    """Is there an order of U whose prefixes of size N = 1..|U|-1 give the observed metrics?
+
+    ``observed[n]`` is the metrics dict of the row at N = n. Depth-first search over
+    prefixes, keeping only prefixes whose set reproduces the observed metrics; the
+    metrics of a set do not depend on the order inside it, so prefixes are kept as sets.
+    """
+    frontier = {frozenset()}
+    for n in range(1, len(universe)):
+        grown = set()
+        for prefix in frontier:
+            for u in universe:
+                if u in prefix:
+                    continue
+                candidate = prefix | {u}
+                if candidate in grown:
+                    continue
+                order = sorted(candidate) + [j for j in universe if j not in candidate]
+                if metrics_match(observed[n], order, n, alpha_row, values_kv):
+                    grown.add(candidate)
+        if not grown:
+            return False
+        frontier = grown
+    return True
+
+
+NEST_T, NEST_D = 6, 3
+
+
+def nesting_inputs():
+    gen = torch.Generator().manual_seed(1234)
+    values = torch.randn(1, NEST_T, NEST_D, generator=gen, dtype=torch.float64)
+    logits = torch.randn(2, 2, NEST_T, generator=gen, dtype=torch.float64)
+    return torch.softmax(logits, dim=-1), values
+
+
+def observed_rows(res, k, h, q, grid):
+    return {
+        n: {name: float(getattr(res, name)[k, h, q, c]) for name in METRIC_FIELDS}
+        for c, n in enumerate(grid)
+    }
+
+
+@pytest.mark.parametrize("exclude_sink", [False, True])
+def test_fast_random_sets_are_nested(exclude_sink):
+    """Every repeat's random sets of size 1..|U|-1 form a chain I_1 c I_2 c ... (SPEC 2).
+
+    The sets are recovered from the fast path's metrics alone: with generic inputs
+    different sets give different metrics, and the search asks whether some chain
+    of sets reproduces the metrics at every N.
+    """
+    geometry = fast_geometry()
+    alpha, values = nesting_inputs()
+    positions = torch.tensor([4, 5])
+    grid = list(range(1, NEST_T))
+    res = geometry.topn_metrics(alpha, values, grid, rule="random", repeats=4, seed=11,
+                                window=2, layer=3, query_positions=positions,
+                                exclude_sink=exclude_sink)
+    for k, h, q in itertools.product(range(4), range(2), range(2)):
+        vis = [j <= int(positions[q]) for j in range(NEST_T)]
+        universe = universe_of_row(vis, exclude_sink)
+        observed = observed_rows(res, k, h, q, grid)
+        assert all(np.isnan(observed[n]["precision"]) for n in grid if n >= len(universe))
+        assert nested_chain_exists(observed, universe, alpha[h, q].numpy(), values[0].numpy()), (
+            f"repeat {k}, head {h}, query {q}: no nested chain of sets gives these metrics"
+        )
+
+
+def test_nesting_check_can_fail():
+    """Independent random sets for each N (not nested) are rejected by the chain search."""
+    alpha, values = nesting_inputs()
+    rng = np.random.default_rng(5)
+    universe = list(range(NEST_T))
+    rejected = 0
+    for _ in range(10):
+        observed = {}
+        for n in range(1, NEST_T):
+            order = [int(j) for j in rng.permutation(NEST_T)]
+            res = row_metrics(order, n, alpha[0, 0].numpy(), values[0].numpy(), "euclidean")
+            observed[n] = {
+                "precision": float(res.precision), "recall": float(res.recall),
+                "f_score": float(res.f_score), "margin": res.margin,
+                "inversions": float(res.inversions),
+            }
+        rejected += not nested_chain_exists(observed, universe, alpha[0, 0].numpy(),
+                                            values[0].numpy())
+    assert rejected >= 8, rejected
+
+
+def test_fast_random_control_reproducible_and_seeded():
+    """Same coordinates: bit-identical metrics; another seed: other random sets."""
+    geometry = fast_geometry()
+    alpha, values = nesting_inputs()
+    kwargs = dict(rule="random", repeats=3, query_positions=torch.tensor([4, 5]))
+    a = geometry.topn_metrics(alpha, values, [1, 2, 3], seed=3, window=1, layer=2, **kwargs)
+    b = geometry.topn_metrics(alpha, values, [1, 2, 3], seed=3, window=1, layer=2, **kwargs)
+    for name in METRIC_FIELDS:
+        x, y = getattr(a, name).numpy(), getattr(b, name).numpy()
+        assert np.array_equal(x, y, equal_nan=True), name
+    for change in ({"seed": 4}, {"window": 2}, {"layer": 3}):
+        coords = {"seed": 3, "window": 1, "layer": 2, **change}
+        c = geometry.topn_metrics(alpha, values, [1, 2, 3], **coords, **kwargs)
+        assert not np.allclose(a.margin.numpy(), c.margin.numpy(), equal_nan=True), change
