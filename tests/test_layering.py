@@ -57,9 +57,9 @@ def test_internal_imports_follow_the_layering(package: str) -> None:
     for f in files:
         for name in _imports(f):
             parts = name.split(".")
-            if parts[0] == "attngeom" and len(parts) > 1 and parts[1] != "errors":
-                if parts[1] not in ALLOWED[package]:
-                    bad.append(f"{f.relative_to(SRC)} imports {name}")
+            internal = parts[0] == "attngeom" and len(parts) > 1 and parts[1] != "errors"
+            if internal and parts[1] not in ALLOWED[package]:
+                bad.append(f"{f.relative_to(SRC)} imports {name}")
             if parts[0] in THIRD_PARTY_FORBIDDEN.get(package, set()):
                 bad.append(f"{f.relative_to(SRC)} imports {name}")
     assert not bad, "\n".join(bad)
@@ -79,7 +79,8 @@ def test_help_imports_nothing_heavy() -> None:
     code = (
         "import sys, attngeom.cli as c\n"
         "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib')\n"
+        "         if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     # quick because nothing heavy is imported (no wall-clock assertion on a shared machine)

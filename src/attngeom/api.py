@@ -118,7 +118,9 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
     from attngeom.pipeline.run import load_windows
 
     if n_eval < 1 or n_rank < 0:
-        raise ConfigError(f"expected n_eval_windows >= 1 and n_rank_windows >= 0, got {n_eval}, {n_rank}")
+        raise ConfigError(
+            f"expected n_eval_windows >= 1 and n_rank_windows >= 0, got {n_eval}, {n_rank}"
+        )
     config = AnalysisConfig(
         model=model or default_model(), corpus=corpus or default_corpus(),
         window_length=window_length, n_windows=n_rank + n_eval, seed=seed,
@@ -136,7 +138,9 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
             f"{n_rank} ranking + {n_eval} evaluation windows were asked for"
         )
     rank, ev = windows[:n_rank], windows[n_rank : n_rank + n_eval]
-    stack = (lambda ws: torch.stack([w.input_ids for w in ws]) if ws else None)
+    def stack(ws):
+        return torch.stack([w.input_ids for w in ws]) if ws else None
+
     return _Setup(m, tok, layout, stack(rank), stack(ev), [w.index for w in rank],
                   [w.index for w in ev], config)
 
@@ -200,14 +204,20 @@ def prune(
     seed: int = 0,
     overwrite: bool = False,
 ) -> InterventionResult:
-    """Keep-fraction pruning sweep per ranker (SPEC 6); ranking and evaluation windows are disjoint."""
+    """Keep-fraction pruning sweep per ranker (SPEC 6).
+
+    Rankers see only the ranking windows; perplexity is measured on the evaluation
+    windows that follow them in the corpus (disjoint by construction).
+    """
     from attngeom.interventions.rankers import RANKERS
     from attngeom.interventions.sweeps import prune_sweep
 
     rankers = tuple(rankers)
     bad = [r for r in rankers if r not in RANKERS]
     if bad:
-        raise ConfigError(f"rankers: expected names among {', '.join(RANKERS)}, got {', '.join(bad)}")
+        raise ConfigError(
+            f"rankers: expected names among {', '.join(RANKERS)}, got {', '.join(bad)}"
+        )
     fracs = tuple(float(f) for f in keep_fractions)
     if any(not (0.0 < f <= 1.0) for f in fracs):
         raise ConfigError(f"keep fractions: expected values in (0, 1], got {list(fracs)}")

@@ -17,9 +17,14 @@ import torch
 from attngeom.core.random_control import permutation_keys
 
 try:
-    from tests.reference_geometry import METRIC_FIELDS, row_metrics, universe_of_row
+    from tests.reference_geometry import (
+        METRIC_FIELDS,
+        reference_topn,
+        row_metrics,
+        universe_of_row,
+    )
 except ImportError:  # tests/ itself is on sys.path when it is not a package
-    from reference_geometry import METRIC_FIELDS, row_metrics, universe_of_row
+    from reference_geometry import METRIC_FIELDS, reference_topn, row_metrics, universe_of_row
 
 
 def keys(seed=0, window=0, layer=0, heads=(0, 1, 2), positions=(3, 7), repeats=3, num_keys=8):
@@ -107,7 +112,8 @@ def test_whole_permutation_roughly_uniform():
             perm = tuple(torch.argsort(row).tolist())
             counts[perm] = counts.get(perm, 0) + 1
     assert sorted(counts) == sorted(itertools.permutations(range(3)))
-    assert chi_square(np.array(list(counts.values()))) < 25.7, counts  # the 99.99% quantile for 5 dof
+    # 25.7: the 99.99% quantile of chi-square with 5 degrees of freedom
+    assert chi_square(np.array(list(counts.values()))) < 25.7, counts
 
 
 def test_chi_square_check_can_fail():
@@ -136,7 +142,7 @@ def metrics_match(got: dict, order, n, alpha_row, values_kv) -> bool:
     want = row_metrics(list(order), n, alpha_row, values_kv, "euclidean")
     want = [float(want.precision), float(want.recall), float(want.f_score), want.margin,
             float(want.inversions)]
-    return all(abs(got[name] - w) <= 1e-6 for name, w in zip(METRIC_FIELDS, want))
+    return all(abs(got[name] - w) <= 1e-6 for name, w in zip(METRIC_FIELDS, want, strict=True))
 
 
 def nested_chain_exists(observed, universe, alpha_row, values_kv) -> bool:
@@ -242,3 +248,36 @@ def test_fast_random_control_reproducible_and_seeded():
         coords = {"seed": 3, "window": 1, "layer": 2, **change}
         c = geometry.topn_metrics(alpha, values, [1, 2, 3], **coords, **kwargs)
         assert not np.allclose(a.margin.numpy(), c.margin.numpy(), equal_nan=True), change
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_random_rule_orders_by_ascending_keys(impl, distance):
+    """Repeat k's random order is the universe sorted ascending by permutation_keys.
+
+    Only y_u = alpha_u v_u enters the metrics, so the same contributions can be
+    written with other alphas: alpha'_u decreasing along the key order sigma and
+    v'_u = y_u / alpha'_u. The attention rule on (alpha', v') then selects sigma's
+    prefixes, and must reproduce the random rule on (alpha, v) for every N.
+    """
+    run = reference_topn if impl == "reference" else fast_geometry().topn_metrics
+    alpha, values = nesting_inputs()
+    alpha, values = alpha[:1, :1], values  # one head, one query row at t = 5
+    t, coords = NEST_T - 1, {"seed": 8, "window": 4, "layer": 1}
+    grid = list(range(1, NEST_T))
+    random_res = run(alpha, values, grid, rule="random", repeats=3, distance=distance,
+                     **coords)
+    k_all = permutation_keys(coords["seed"], coords["window"], coords["layer"],
+                             torch.tensor([0]), torch.tensor([t]), 3, NEST_T)
+    for k in range(3):
+        sigma = sorted(range(NEST_T), key=lambda j, k=k: (int(k_all[k, 0, 0, j]), j))
+        new_alpha = torch.zeros_like(alpha)
+        for rank, j in enumerate(sigma):
+            new_alpha[0, 0, j] = (NEST_T - rank) / 16
+        new_values = values * (alpha[0, 0] / new_alpha[0, 0])[None, :, None]
+        att = run(new_alpha, new_values, grid, rule="attention", distance=distance)
+        for name in METRIC_FIELDS:
+            got = np.asarray(getattr(random_res, name))[k, 0, 0]
+            want = np.asarray(getattr(att, name))[0, 0, 0]
+            # counts agree exactly; 1e-7 leaves room for the float64 radii near D = 0
+            np.testing.assert_allclose(got, want, atol=1e-7, err_msg=f"{name}, repeat {k}")

@@ -51,7 +51,8 @@ class TopNConfig:
             bad = [x for x in given if x not in allowed]
             if bad or not given:
                 raise ConfigError(
-                    f"{name}: expected a non-empty subset of {', '.join(allowed)}, got {list(given)}"
+                    f"{name}: expected a non-empty subset of {', '.join(allowed)}, "
+                    f"got {list(given)}"
                 )
         if self.repeats < 1:
             raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats}")
@@ -145,7 +146,7 @@ class TopNAccumulator:
 
         universe = batch.universe(exclude_sink=variant == "no_sink")
         alpha64 = batch.alpha.to(torch.float64)
-        alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=torch.float64))
+        alpha64 = torch.nan_to_num(alpha64, nan=0.0, posinf=0.0, neginf=0.0)
         sums = {name: torch.zeros_like(cell.counts) for name in BOUND_COLUMNS}
         counts = torch.zeros_like(cell.counts)
         for k in range(res.order.shape[0]):
@@ -166,7 +167,9 @@ class TopNAccumulator:
         cell.sums.update(sums)
         cell.bound_counts = counts
 
-    def _add_sink_effect(self, batch: AttentionBatch, full: TopNMetrics, nosink: TopNMetrics) -> None:
+    def _add_sink_effect(
+        self, batch: AttentionBatch, full: TopNMetrics, nosink: TopNMetrics
+    ) -> None:
         chosen = full.sink_selected[0]
         both = full.valid[0] & nosink.valid[0]
         parts = {}

@@ -21,7 +21,9 @@ def parse_query_mode(mode: str) -> tuple[str, int]:
             k = 0
         if k >= 1:
             return "stride", k
-    raise ConfigError(f"query mode: expected 'final', 'all' or 'stride:k' with k >= 1, got {mode!r}")
+    raise ConfigError(
+        f"query mode: expected 'final', 'all' or 'stride:k' with k >= 1, got {mode!r}"
+    )
 
 
 def query_positions(mode: str, num_tokens: int, *, causal: bool = True) -> Tensor:
