@@ -145,7 +145,7 @@ def test_cli_tables_equal_api_tables(tmp_path, small_run) -> None:
 def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
     res = api.analyze(minilm_path(), WIKI, tmp_path / "mini", window_length=32, n_windows=2,
                       query_mode="all", bootstrap=20, n_grid=(1, 2, 4, 31, 32),
-                      progress=False, analyses=("metrics", "sink", "taxonomy"))
+                      progress=False, analyses=("metrics", "sink", "taxonomy", "bounds"))
     m = res["metrics"]
     assert m["layer"].nunique() == 6 and m["head"].nunique() == 12
     # every row of an encoder sees all 32 keys: N = 31 is valid, N = 32 never
@@ -153,6 +153,12 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
     assert (full[full["n"] == 31]["n_queries"] == 32).all()
     assert (full[full["n"] == 32]["n_queries"] == 0).all()
     assert res.manifest["model"]["is_causal"] is False
+    # the certified bounds hold on a real encoder with its strong first-token sink too
+    ok = m.dropna(subset=["recall_bound", "recall"])
+    assert len(ok) > 0
+    assert (ok["recall_bound"] <= ok["recall"] + 1e-9).all()
+    assert (ok["precision_bound"] <= ok["precision"] + 1e-9).all()
+    assert (ok["f_bound"] <= ok["f_score"] + 1e-9).all()
 
 
 @pytest.mark.parametrize(

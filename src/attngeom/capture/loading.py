@@ -9,7 +9,9 @@ is asked at all, so no hub retries can hang on it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -107,7 +109,8 @@ def load_model(
         kwargs = {"dtype": torch_dtype}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        model = cls.from_pretrained(source, **kwargs)
+        with _quiet_loading(transformers):
+            model = cls.from_pretrained(source, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
         raise ModelError(f"cannot load model {name!r} ({where}): {_first_line(error)}") from None
@@ -119,3 +122,16 @@ def load_model(
         ) from None
     model.eval()
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_loading(transformers) -> Iterator[None]:
+    """Hide transformers' weight-loading bar: attngeom prints its own progress."""
+    logging = transformers.utils.logging
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
