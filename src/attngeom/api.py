@@ -8,12 +8,12 @@ given ``out``. The CLI only parses arguments and calls these.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from attngeom.errors import ConfigError, RunDirError
 from attngeom.pipeline.config import AnalysisConfig, default_corpus, default_model, shared_assets
-from attngeom.pipeline.run import AnalysisResult, label_of, run_analysis
+from attngeom.pipeline.run import AnalysisResult, RunResult, label_of, run_analysis
 
 __all__ = [
     "AnalysisConfig",
@@ -86,16 +86,7 @@ def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float3
     return {"model": model or default_model(), "report": rep, "gates": "ok"}
 
 
-@dataclass
-class InterventionResult:
-    """Tables of an intervention command, and where they were written."""
-
-    tables: dict = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
-    out_dir: Path | None = None
-
-    def __getitem__(self, name: str):
-        return self.tables[name]
+InterventionResult = RunResult  # what prune, scan_heads and restrict return
 
 
 @dataclass(frozen=True)
@@ -147,6 +138,7 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
 
 def _write(out, command: str, fingerprint_cfg: dict, tables: dict, overwrite: bool, s: _Setup,
            timings: dict) -> tuple[Path | None, dict]:
+    """Write the tables and the manifest (the directory was checked by ``_check_out``)."""
     from attngeom.pipeline.run import model_identity
     from attngeom.results.io import prepare_run_dir, write_manifest, write_table
     from attngeom.results.manifest import build_manifest, config_fingerprint
@@ -171,6 +163,8 @@ def _write(out, command: str, fingerprint_cfg: dict, tables: dict, overwrite: bo
 
 
 def _label(df, s: _Setup):
+    if "model" in df.columns:
+        return df
     df = df.copy()
     df.insert(0, "corpus", label_of(s.config.corpus))
     df.insert(0, "model", label_of(s.config.model))
@@ -185,6 +179,19 @@ def _check_out(out, overwrite: bool, command: str, cfg: dict) -> None:
     from attngeom.results.manifest import config_fingerprint
 
     prepare_run_dir(out, command=command, fingerprint=config_fingerprint(cfg), overwrite=overwrite)
+
+
+def _run_intervention(command: str, cfg: dict, out, overwrite: bool, body, *, n_rank: int,
+                      n_eval: int, window_length: int, device: str, dtype: str,
+                      seed: int = 0) -> RunResult:
+    """Check the output directory, load model and windows, run ``body``, write, return."""
+    _check_out(out, overwrite, command, cfg)
+    t0 = time.perf_counter()
+    s = _setup(cfg["model"], cfg["corpus"], window_length, n_rank, n_eval, device, dtype, seed)
+    tables = {name: _label(df, s) for name, df in body(s).items()}
+    out_dir, manifest = _write(out, command, cfg, tables, overwrite, s,
+                               {"total_s": time.perf_counter() - t0})
+    return RunResult(tables, manifest, out_dir)
 
 
 def prune(
@@ -225,30 +232,30 @@ def prune(
            "rankers": list(rankers), "keep_fractions": list(fracs), "seeds": list(seeds),
            "orders": orders, "window_length": window_length, "n_rank_windows": n_rank_windows,
            "n_eval_windows": n_eval_windows, "seed": seed}
-    _check_out(out, overwrite, "prune", cfg)
-    t0 = time.perf_counter()
-    s = _setup(model, corpus, window_length, n_rank_windows, n_eval_windows, device, dtype, seed)
     if n_rank_windows < 1:
         raise ConfigError("prune: expected n_rank_windows >= 1 (rankers need their own windows)")
-    taxonomy = None
-    if "taxonomy" in rankers:
-        tax = run_analysis(
-            s.config.with_(n_windows=n_rank_windows, start_window=0, analyses=("taxonomy",),
-                           query_mode="all"),
-            None, progress=False, model_and_tokenizer=(s.model, s.tokenizer),
+
+    def body(s: _Setup) -> dict:
+        taxonomy = None
+        if "taxonomy" in rankers:
+            taxonomy = run_analysis(
+                s.config.with_(n_windows=n_rank_windows, start_window=0,
+                               analyses=("taxonomy",), query_mode="all"),
+                None, progress=False, model_and_tokenizer=(s.model, s.tokenizer),
+            )["taxonomy"]
+        pruning, rankings = prune_sweep(
+            s.model, s.rank_ids, s.eval_ids, rank_windows=s.rank_windows,
+            eval_windows=s.eval_windows, rankers=rankers, keep_fractions=fracs,
+            seeds=tuple(seeds), taxonomy=taxonomy, orders=orders,
         )
-        taxonomy = tax["taxonomy"]
-    pruning, rankings = prune_sweep(
-        s.model, s.rank_ids, s.eval_ids, rank_windows=s.rank_windows,
-        eval_windows=s.eval_windows, rankers=rankers, keep_fractions=fracs,
-        seeds=tuple(seeds), taxonomy=taxonomy, orders=orders,
-    )
-    tables = {"pruning": _label(pruning, s), "rankings": _label(rankings, s)}
-    if taxonomy is not None:
-        tables["taxonomy"] = taxonomy
-    out_dir, manifest = _write(out, "prune", cfg, tables, True, s,
-                               {"total_s": time.perf_counter() - t0})
-    return InterventionResult(tables, manifest, out_dir)
+        tables = {"pruning": pruning, "rankings": rankings}
+        if taxonomy is not None:
+            tables["taxonomy"] = taxonomy
+        return tables
+
+    return _run_intervention("prune", cfg, out, overwrite, body, n_rank=n_rank_windows,
+                             n_eval=n_eval_windows, window_length=window_length,
+                             device=device, dtype=dtype, seed=seed)
 
 
 def scan_heads(
@@ -271,14 +278,12 @@ def scan_heads(
     cfg = {"model": model or default_model(), "corpus": corpus or default_corpus(),
            "threshold": threshold, "window_length": window_length,
            "n_eval_windows": n_eval_windows}
-    _check_out(out, overwrite, "scan-heads", cfg)
-    t0 = time.perf_counter()
-    s = _setup(model, corpus, window_length, 0, n_eval_windows, device, dtype, 0)
-    df = _scan(s.model, s.eval_ids, threshold=threshold)
-    tables = {"head_scan": _label(df, s)}
-    out_dir, manifest = _write(out, "scan-heads", cfg, tables, True, s,
-                               {"total_s": time.perf_counter() - t0})
-    return InterventionResult(tables, manifest, out_dir)
+    return _run_intervention(
+        "scan-heads", cfg, out, overwrite,
+        lambda s: {"head_scan": _scan(s.model, s.eval_ids, threshold=threshold)},
+        n_rank=0, n_eval=n_eval_windows, window_length=window_length, device=device,
+        dtype=dtype,
+    )
 
 
 def restrict(
@@ -308,17 +313,17 @@ def restrict(
            "n_grid": list(grid), "scopes": list(scopes), "layers": layers, "heads": heads,
            "renormalize": list(renormalize), "taus": list(taus),
            "window_length": window_length, "n_eval_windows": n_eval_windows}
-    _check_out(out, overwrite, "restrict", cfg)
-    t0 = time.perf_counter()
-    s = _setup(model, corpus, window_length, 0, n_eval_windows, device, dtype, 0)
-    res, nstar = restrict_sweep(
-        s.model, s.eval_ids, grid, scopes=tuple(scopes), renormalize=tuple(renormalize),
-        taus=tuple(taus), layers=layers, heads=heads,
-    )
-    tables = {"restrict": _label(res, s), "restrict_nstar": _label(nstar, s)}
-    out_dir, manifest = _write(out, "restrict", cfg, tables, True, s,
-                               {"total_s": time.perf_counter() - t0})
-    return InterventionResult(tables, manifest, out_dir)
+
+    def body(s: _Setup) -> dict:
+        res, nstar = restrict_sweep(
+            s.model, s.eval_ids, grid, scopes=tuple(scopes), renormalize=tuple(renormalize),
+            taus=tuple(taus), layers=layers, heads=heads,
+        )
+        return {"restrict": res, "restrict_nstar": nstar}
+
+    return _run_intervention("restrict", cfg, out, overwrite, body, n_rank=0,
+                             n_eval=n_eval_windows, window_length=window_length,
+                             device=device, dtype=dtype)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.batch import ValueStats
 from attngeom.core.bounds import (
     BOUNDS_COLUMNS,
     BoundsAccumulator,
@@ -29,6 +29,7 @@ from attngeom.core.bounds import (
 )
 from attngeom.core.geometry import topn_metrics
 from attngeom.errors import ConfigError
+from tests.core.batches import batch_of, causal
 
 # ---------------------------------------------------------------- helpers
 
@@ -77,16 +78,6 @@ def measured_pr(alpha, values, kv, order, universe, n_grid):
                 p[hi, qi, k] = n / (n + sum(1 for j in uns if g[j] >= gmin))
                 r[hi, qi, k] = sum(1 for i in sel if g[i] > gmax) / n
     return p, r
-
-
-def causal(qpos: torch.Tensor, t: int) -> torch.Tensor:
-    return (torch.arange(t)[None, :] <= qpos[:, None])[None]
-
-
-def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None):
-    t = values.shape[1]
-    vis = causal(qpos, t) if visible is None else visible
-    return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values))
 
 
 def random_window(gen: torch.Generator, h=4, g=2, t=10, d=3, q=None):
@@ -494,26 +485,3 @@ def test_certified_bounds_row_chunks_equal_one_pass(monkeypatch) -> None:
     for k in one:
         torch.testing.assert_close(one[k], many[k], equal_nan=True)
 
-
-def test_rows_with_non_finite_alpha_are_skipped() -> None:
-    """A row with a NaN alpha on its universe counts nowhere: the table equals the run
-    without that row."""
-    gen = torch.Generator().manual_seed(21)
-    t = 7
-    v = torch.randn(2, t, 3, generator=gen)
-    qpos = torch.arange(1, t)
-    vis = causal(qpos, t)
-    alpha = torch.softmax(torch.randn(4, t - 1, t, generator=gen).masked_fill(~vis, -math.inf),
-                          -1)
-    bad = alpha.clone()
-    bad[:, 2, 1] = float("nan")
-    keep = torch.tensor([0, 1, 3, 4, 5])
-    acc_bad, acc_ref = BoundsAccumulator([1, 2]), BoundsAccumulator([1, 2])
-    acc_bad.update(batch_of(v, bad, qpos))
-    acc_ref.update(batch_of(v, alpha[:, keep], qpos[keep]))
-    got, ref = acc_bad.compute(), acc_ref.compute()
-    for k in ref:
-        if ref[k].dtype.kind == "f":
-            np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, equal_nan=True)
-        else:
-            assert got[k].tolist() == ref[k].tolist(), k

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.batch import ValueStats
 from attngeom.core.sink import (
     SINK_COLUMNS,
     SINK_POSITION_COLUMNS,
@@ -17,15 +17,7 @@ from attngeom.core.sink import (
     sink_value_stats,
 )
 from attngeom.errors import ConfigError
-
-
-def causal(qpos: torch.Tensor, t: int) -> torch.Tensor:
-    return (torch.arange(t)[None, :] <= qpos[:, None])[None]
-
-
-def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None):
-    vis = causal(qpos, values.shape[1]) if visible is None else visible
-    return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values))
+from tests.core.batches import batch_of, causal
 
 
 def test_value_stats_by_hand() -> None:
@@ -208,26 +200,3 @@ def test_empty_and_bad_arguments() -> None:
     with pytest.raises(ConfigError, match="heads"):
         acc.update(batch_of(v, torch.full((1, 1, 4), 0.25), torch.tensor([3]), window=1))
 
-
-def test_rows_with_non_finite_alpha_are_skipped() -> None:
-    """A row with a NaN alpha on its universe counts nowhere: the table equals the run
-    without that row."""
-    gen = torch.Generator().manual_seed(21)
-    t = 7
-    v = torch.randn(2, t, 3, generator=gen)
-    qpos = torch.arange(1, t)
-    vis = causal(qpos, t)
-    alpha = torch.softmax(torch.randn(4, t - 1, t, generator=gen).masked_fill(~vis, -math.inf),
-                          -1)
-    bad = alpha.clone()
-    bad[:, 2, 1] = float("nan")
-    keep = torch.tensor([0, 1, 3, 4, 5])
-    acc_bad, acc_ref = SinkAccumulator([1, 2]), SinkAccumulator([1, 2])
-    acc_bad.update(batch_of(v, bad, qpos))
-    acc_ref.update(batch_of(v, alpha[:, keep], qpos[keep]))
-    got, ref = acc_bad.compute(), acc_ref.compute()
-    for k in ref:
-        if ref[k].dtype.kind == "f":
-            np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, equal_nan=True)
-        else:
-            assert got[k].tolist() == ref[k].tolist(), k

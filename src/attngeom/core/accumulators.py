@@ -30,6 +30,16 @@ SINK_EFFECT_COLUMNS = (
 )
 
 
+def check_choices(name: str, given, allowed) -> None:
+    """One-line error unless ``given`` is a non-empty selection from ``allowed``."""
+    bad = [x for x in given if x not in allowed]
+    if bad or not given:
+        raise ConfigError(
+            f"{name}: expected a non-empty subset of {', '.join(allowed)}, "
+            f"got {', '.join(map(str, given)) or 'nothing'}"
+        )
+
+
 @dataclass(frozen=True)
 class TopNConfig:
     """What the geometry pass computes; see SPEC 2 for every choice."""
@@ -43,17 +53,9 @@ class TopNConfig:
     bounds: bool = True
 
     def __post_init__(self) -> None:
-        for name, given, allowed in (
-            ("rules", self.rules, RULES),
-            ("distances", self.distances, DISTANCES),
-            ("variants", self.variants, VARIANTS),
-        ):
-            bad = [x for x in given if x not in allowed]
-            if bad or not given:
-                raise ConfigError(
-                    f"{name}: expected a non-empty subset of {', '.join(allowed)}, "
-                    f"got {list(given)}"
-                )
+        check_choices("rules", self.rules, RULES)
+        check_choices("distances", self.distances, DISTANCES)
+        check_choices("variants", self.variants, VARIANTS)
         if self.repeats < 1:
             raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats}")
         if not self.n_grid or min(self.n_grid) < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from attngeom.core.accumulators import VARIANTS
+from attngeom.core.accumulators import VARIANTS, check_choices
 from attngeom.core.geometry import DISTANCES, RULES
 from attngeom.core.queries import parse_query_mode
 from attngeom.errors import ConfigError
@@ -85,17 +85,10 @@ class AnalysisConfig:
             set_(self, "n_grid", tuple(int(n) for n in _tuple(self.n_grid, "n_grid")))
         except ValueError:
             raise ConfigError(f"n_grid: expected integers, got {self.n_grid!r}") from None
-        for name, given, allowed in (
-            ("rules", self.rules, RULES),
-            ("distances", self.distances, DISTANCES),
-            ("variants", self.variants, VARIANTS),
-            ("analyses", self.analyses, ANALYSES),
-        ):
-            bad = [x for x in given if x not in allowed]
-            if bad or not given:
-                raise ConfigError(
-                    f"{name}: expected values among {', '.join(allowed)}, got {', '.join(given)}"
-                )
+        check_choices("rules", self.rules, RULES)
+        check_choices("distances", self.distances, DISTANCES)
+        check_choices("variants", self.variants, VARIANTS)
+        check_choices("analyses", self.analyses, ANALYSES)
         if not self.n_grid:
             raise ConfigError("n_grid: expected at least one N")
         if min(self.n_grid) < 1:

@@ -23,8 +23,8 @@ from attngeom.pipeline.config import AnalysisConfig
 
 
 @dataclass
-class AnalysisResult:
-    """What ``attngeom.analyze`` returns: the tables as DataFrames, and where they went."""
+class RunResult:
+    """What every command returns: its tables as DataFrames, the manifest, where they went."""
 
     tables: dict = field(default_factory=dict)
     manifest: dict = field(default_factory=dict)
@@ -35,7 +35,10 @@ class AnalysisResult:
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}: {len(v)} rows" for k, v in self.tables.items())
-        return f"AnalysisResult(out_dir={self.out_dir}, {shapes})"
+        return f"{type(self).__name__}(out_dir={self.out_dir}, {shapes})"
+
+
+AnalysisResult = RunResult
 
 
 def label_of(path_or_id: str) -> str:
