@@ -178,13 +178,21 @@ def _check_out(out, overwrite: bool, command: str, cfg: dict) -> None:
     from attngeom.results.io import prepare_run_dir
     from attngeom.results.manifest import config_fingerprint
 
-    prepare_run_dir(out, command=command, fingerprint=config_fingerprint(cfg), overwrite=overwrite)
+    prepare_run_dir(out, command=command, fingerprint=config_fingerprint(cfg),
+                    overwrite=overwrite, check_only=True)
 
 
 def _run_intervention(command: str, cfg: dict, out, overwrite: bool, body, *, n_rank: int,
                       n_eval: int, window_length: int, device: str, dtype: str,
                       seed: int = 0) -> RunResult:
-    """Check the output directory, load model and windows, run ``body``, write, return."""
+    """Check arguments and the output directory, load model and windows, run ``body``, write."""
+    if n_eval < 1 or n_rank < 0:
+        raise ConfigError(
+            f"expected n_eval_windows >= 1 and n_rank_windows >= 0, got {n_eval}, {n_rank}"
+        )
+    if window_length < 2:
+        raise ConfigError(f"window_length: expected >= 2 tokens, got {window_length}")
+    cfg = {**cfg, "dtype": dtype}
     _check_out(out, overwrite, command, cfg)
     t0 = time.perf_counter()
     s = _setup(cfg["model"], cfg["corpus"], window_length, n_rank, n_eval, device, dtype, seed)
@@ -234,6 +242,8 @@ def prune(
            "n_eval_windows": n_eval_windows, "seed": seed}
     if n_rank_windows < 1:
         raise ConfigError("prune: expected n_rank_windows >= 1 (rankers need their own windows)")
+    if not fracs or not tuple(seeds):
+        raise ConfigError("prune: expected at least one keep fraction and one seed")
 
     def body(s: _Setup) -> dict:
         taxonomy = None
@@ -309,6 +319,13 @@ def restrict(
     grid = tuple(int(n) for n in n_grid)
     if not grid or min(grid) < 1:
         raise ConfigError(f"n_grid: expected integers >= 1, got {list(grid)}")
+    if not tuple(taus) or any(not t > 0 for t in taus):
+        raise ConfigError(f"taus: expected positive relative delta-NLL thresholds, got {taus}")
+    if not tuple(renormalize):
+        raise ConfigError("renormalize: expected True, False or both")
+    bad = [x for x in scopes if x not in ("model", "layer", "head")] or not tuple(scopes)
+    if bad:
+        raise ConfigError(f"scopes: expected a subset of model, layer, head, got {scopes}")
     cfg = {"model": model or default_model(), "corpus": corpus or default_corpus(),
            "n_grid": list(grid), "scopes": list(scopes), "layers": layers, "heads": heads,
            "renormalize": list(renormalize), "taus": list(taus),
@@ -360,9 +377,12 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
         runs.append((manifest, read_table(run, "taxonomy")))
     (ma, ta), (mb, tb) = runs
     ida, idb = ma.get("model", {}), mb.get("model", {})
-    if (ida.get("sha256"), ida.get("class"), ida.get("num_layers"), ida.get("num_heads")) != (
-        idb.get("sha256"), idb.get("class"), idb.get("num_layers"), idb.get("num_heads")
-    ):
+    def identity(m: dict) -> tuple:
+        # a local model is known by its files' hash; a hub model (no hash) by its id
+        return (m.get("sha256") or m.get("name"), m.get("class"), m.get("num_layers"),
+                m.get("num_heads"))
+
+    if identity(ida) != identity(idb):
         raise RunDirError(
             f"{run_a} and {run_b} analyse different models ({ida.get('name')} vs "
             f"{idb.get('name')}); compare needs runs of the same model"

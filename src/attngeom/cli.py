@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--scopes", type=_names, default=["model"], help="model,layer,head")
     t.add_argument("--layers", type=_ints, default=None)
     t.add_argument("--heads", type=_heads, default=None, help="LAYER:HEAD,...")
-    t.add_argument("--no-renormalize", action="store_true",
-                   help="only the unrenormalised variant")
-    t.add_argument("--renormalize-only", action="store_true")
+    renorm = t.add_mutually_exclusive_group()
+    renorm.add_argument("--no-renormalize", action="store_true",
+                        help="only the unrenormalised variant")
+    renorm.add_argument("--renormalize-only", action="store_true",
+                        help="only the renormalised variant")
     t.add_argument("--taus", type=_floats, default=[0.01, 0.05, 0.10])
     t.add_argument("--window-length", type=int, default=128)
     t.add_argument("--n-eval-windows", type=int, default=8)

@@ -164,3 +164,20 @@ def test_sink_effect_split() -> None:
             else:
                 assert np.isnan(got)
             assert eff["n_sink_selected"][row][0] == int(m.sum())
+
+
+def test_non_finite_value_states_skip_the_rows_that_see_them() -> None:
+    """An inf value (fp16 overflow) must not give valid-looking metrics."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(1, 6, 3, generator=gen)
+    values[0, 4, 0] = float("inf")
+    rows = torch.arange(1, 6)
+    vis = causal_visibility(rows, 6)
+    alpha = torch.softmax(torch.randn(1, 5, 6, generator=gen).masked_fill(~vis, float("-inf")), -1)
+    res = topn_metrics(alpha, values, (1, 2), visible=vis, query_positions=rows)
+    # rows t = 4, 5 see key 4; rows t = 1..3 do not and stay valid
+    assert res.nonfinite[0].tolist() == [False, False, False, True, True]
+    assert not res.valid[0, 0, 3:].any() and res.valid[0, 0, :3, 0].all()
+    assert torch.isnan(res.f_score[0, 0, 3:]).all()
+    clean = topn_metrics(alpha[:, :3, :4], values[:, :4], (1, 2), query_positions=rows[:3])
+    torch.testing.assert_close(res.f_score[0, 0, :3], clean.f_score[0, 0], equal_nan=True)

@@ -136,3 +136,15 @@ def test_analyze_rejects_bad_config_before_loading() -> None:
         AnalysisConfig(window_length=1)
     with pytest.raises(ConfigError, match="bounds"):
         AnalysisConfig(analyses=("bounds",))
+
+
+def test_failed_overwrite_keeps_the_previous_results(tmp_path) -> None:
+    """--overwrite clears the old run only when the new one is ready to be written."""
+    out = tmp_path / "scan"
+    api.scan_heads(out=out, **TINY)
+    before = sorted(p.name for p in out.iterdir())
+    code = main(["analyze", "--model", "/nonexistent/x", "--out", str(out), "--overwrite",
+                 "--quiet"])
+    assert code == 2
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert read_table(out, "head_scan").shape[0] == 40

@@ -114,7 +114,8 @@ class TopNAccumulator:
                         seed=cfg.seed, window=batch.window, layer=batch.layer,
                         stats=batch.stats,
                     )
-                    results[(variant, rule, distance)] = res
+                    if rule == "attention" and distance == "euclidean":
+                        results[(variant, rule, distance)] = res  # for the sink split
                     cell = self._cell(res)
                     if cfg.bounds and distance == "euclidean":
                         if constants is None:

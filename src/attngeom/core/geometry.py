@@ -38,7 +38,7 @@ COSINE_EPS = 1e-12
 _INT64_MAX = torch.iinfo(torch.int64).max
 _CHUNK_BYTES = 192 * 2**20
 _DENSE_RATIO = 24
-_CANCEL = 1e-13
+_CANCEL = 16 * torch.finfo(torch.float64).eps
 
 
 @dataclass
@@ -178,14 +178,20 @@ def topn_metrics(
     if exclude_sink:
         universe[..., 0] = False
 
-    alpha64 = alpha.to(torch.float64)
-    nonfinite = (~torch.isfinite(alpha64) & universe).any(-1)
-    alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=alpha64.dtype))
-    alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
-
     group = h // g
     kv = torch.arange(h, device=device) // group
     head_norms = stats.norms[kv]
+    alpha64 = alpha.to(torch.float64)
+    # a row is skipped (and counted) when any key of its universe has a non-finite alpha
+    # or value state (e.g. an fp16 overflow): its comparisons would be decided by NaN
+    bad_key = ~torch.isfinite(alpha64) | ~torch.isfinite(head_norms)[:, None, :]
+    nonfinite = (bad_key & universe).any(-1)
+    alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=alpha64.dtype))
+    alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
+    if bool(nonfinite.any()):
+        stats = ValueStats(torch.nan_to_num(stats.values, nan=0.0, posinf=0.0, neginf=0.0),
+                           stats.dtype)
+        head_norms = stats.norms[kv]
     order = select_order(
         alpha64, head_norms, universe, rule, repeats=repeats,
         query_positions=query_positions, seed=seed, window=window, layer=layer,
@@ -268,14 +274,18 @@ def _metrics_rows(
         inner = torch.matmul(gathered, weights).transpose(-1, -2).contiguous()
     inner_sel = torch.gather(inner, -1, sel[:, :, None, :].expand(g, m, nn, nmax))
     s2 = (inner_sel * weights.transpose(-1, -2)).sum(-1)  # (G, M, NN): ||s_N||^2
-    # An aggregate that cancels exactly (e.g. two equal alphas on opposite values) is left
-    # with rounding noise of order eps * (sum alpha ||v||)^2; call it zero, as exact math
-    # does, so that cosine comparisons are not decided by that noise.
-    scale = (a_sel * torch.gather(stats.norms[:, None].expand(g, m, t), -1, sel))[:, :, None, :]
-    scale = (scale * kmask.T).sum(-1)
-    degenerate = s2 <= _CANCEL * scale * scale
-    s2 = s2.masked_fill(degenerate, 0.0)
-    inner = inner.masked_fill(degenerate[..., None], 0.0)
+    if distance == "cosine":
+        # An aggregate that cancels exactly (e.g. two equal alphas on opposite values) is
+        # left with rounding noise of order N eps (sum alpha ||v||)^2, and every cosine to
+        # it would be decided by that noise; call it zero, as exact arithmetic does. (The
+        # Euclidean comparisons need no such care: there the noise is negligible against
+        # alpha^2 ||v||^2.)
+        lengths = a_sel * torch.gather(stats.norms[:, None].expand(g, m, t), -1, sel)
+        scale = (lengths[:, :, None, :] * kmask.T).sum(-1)
+        limit = _CANCEL * grid.to(alpha.dtype)[None, None, :] * scale * scale
+        degenerate = s2 <= limit
+        s2 = s2.masked_fill(degenerate, 0.0)
+        inner = inner.masked_fill(degenerate[..., None], 0.0)
     kmask = kmask.T.bool()  # (NN, Nmax)
 
     rank = torch.empty_like(order_m)

@@ -20,6 +20,8 @@ from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 
+DEFAULT_CHUNK_ROWS = 256
+
 
 @dataclass
 class Accumulators:
@@ -128,8 +130,10 @@ def stream_windows(
 
     bar = _progress(progress, len(windows), num_tokens)
     start = time.perf_counter()
+    # query rows in chunks keep every T x T-sized temporary bounded (SPEC 8)
+    chunk = config.chunk_size or DEFAULT_CHUNK_ROWS
     with torch.inference_mode(), capture_attention(
-        model, consume, query_rows=rows_dev, chunk_size=config.chunk_size
+        model, consume, query_rows=rows_dev, chunk_size=chunk
     ):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
@@ -137,6 +141,8 @@ def stream_windows(
             cache.clear()
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
             stats.forward_calls += 1
+            if stats.forward_calls == 1:
+                _check_all_layers(stats, layout)  # fail on the first batch, not the last
             stats.windows += len(current)
             stats.tokens += ids.numel()
             if bar is not None:
@@ -148,6 +154,10 @@ def stream_windows(
     if bar is not None:
         bar.close()
     stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def _check_all_layers(stats: StreamStats, layout) -> None:
     if len(stats.layers_seen) != layout.num_layers:
         from attngeom.errors import ModelError
 
@@ -155,7 +165,6 @@ def stream_windows(
             f"{layout.model_class}: captured {len(stats.layers_seen)} of {layout.num_layers} "
             "layers; its attention does not all go through the transformers attention interface"
         )
-    return stats
 
 
 def _progress(progress, total: int, num_tokens: int):

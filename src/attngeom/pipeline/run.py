@@ -102,10 +102,9 @@ def run_analysis(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     fingerprint = config_fingerprint(config.fingerprint_dict())
-    if out_dir is not None:
-        out_dir = prepare_run_dir(
-            out_dir, command="analyze", fingerprint=fingerprint, overwrite=overwrite
-        )
+    if out_dir is not None:  # refuse another run's directory now; clear it only when writing
+        prepare_run_dir(out_dir, command="analyze", fingerprint=fingerprint,
+                        overwrite=overwrite, check_only=True)
     if model_and_tokenizer is None:
         model, tokenizer = load_model(config.model, device=config.device, dtype=config.dtype)
     else:
@@ -168,6 +167,8 @@ def run_analysis(
         fingerprint=fingerprint,
     )
     if out_dir is not None:
+        out_dir = prepare_run_dir(out_dir, command="analyze", fingerprint=fingerprint,
+                                  overwrite=overwrite)
         for name, df in tables.items():
             write_table(out_dir, name, df)
         write_manifest(out_dir, manifest)

@@ -289,7 +289,9 @@ def _describe(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool = False) -> Path:
+def prepare_run_dir(
+    run_dir, *, command: str, fingerprint: str, overwrite: bool = False, check_only: bool = False
+) -> Path:
     """Create or check the directory a run of ``command`` writes its results to.
 
     - missing or empty: created, returned;
@@ -304,11 +306,17 @@ def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool 
 
     ``fingerprint`` is normally ``manifest.config_fingerprint(config)``; a manifest
     without a ``fingerprint`` field is compared by the fingerprint of its ``config``.
+
+    ``check_only=True`` raises exactly the same errors but creates and removes
+    nothing: commands call it before any work, and again without it just before
+    writing, so a run that fails half way leaves the previous results in place.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"expected a results directory, got {run_dir} (a file)")
     if not run_dir.exists():
+        if check_only:
+            return run_dir
         run_dir.mkdir(parents=True, exist_ok=True)  # another process may race us here
     entries = sorted(run_dir.iterdir(), key=lambda p: p.name)
     if not entries:
@@ -346,6 +354,8 @@ def prepare_run_dir(run_dir, *, command: str, fingerprint: str, overwrite: bool 
             f"{run_dir} holds {reason}; pass overwrite=True to replace it "
             "or choose another directory"
         )
+    if check_only:
+        return run_dir
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
