@@ -181,3 +181,31 @@ def test_non_finite_value_states_skip_the_rows_that_see_them() -> None:
     assert torch.isnan(res.f_score[0, 0, 3:]).all()
     clean = topn_metrics(alpha[:, :3, :4], values[:, :4], (1, 2), query_positions=rows[:3])
     torch.testing.assert_close(res.f_score[0, 0, :3], clean.f_score[0, 0], equal_nan=True)
+
+
+def test_bound_columns_are_window_means_of_the_per_query_bounds() -> None:
+    """The random repeats folded into one bounds call give the per-repeat bounds."""
+    from attngeom.core.bounds import certified_bounds, window_constants
+
+    acc = TopNAccumulator(_cfg(rules=("random",), distances=("euclidean",), bounds=True,
+                               variants=("full",)))
+    (batch,) = _batches(0, 4)
+    acc.update(batch)
+    table = acc.compute()["metrics"]
+    alpha, values, rows, vis = _window(4)
+    res = topn_metrics(alpha, values, GRID, rule="random", visible=vis, query_positions=rows,
+                       repeats=3, seed=7, window=0, layer=0)
+    consts = window_constants(ValueStats(values))
+    per_k = [
+        certified_bounds(alpha.double(), ValueStats(values), batch.kv_of_head, res.order[k],
+                         batch.universe(), GRID, *consts)["recall_bound"]
+        for k in range(3)
+    ]
+    stacked = torch.stack(per_k)  # (K, H, Q, NN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expect = np.nanmean(torch.where(res.valid, stacked, float("nan")).numpy(), axis=(0, 2))
+    np.testing.assert_allclose(table["recall_bound"].reshape(H, len(GRID)), expect,
+                               rtol=1e-12, equal_nan=True)
+    assert (table["recall_bound"][~np.isnan(table["recall_bound"])]
+            <= table["recall"][~np.isnan(table["recall_bound"])] + 1e-12).all()

@@ -148,25 +148,27 @@ class TopNAccumulator:
         from attngeom.core.bounds import certified_bounds, inversion_bounds
 
         universe = batch.universe(exclude_sink=variant == "no_sink")
-        alpha64 = batch.alpha.to(torch.float64)
-        alpha64 = torch.nan_to_num(alpha64, nan=0.0, posinf=0.0, neginf=0.0)
-        sums = {name: torch.zeros_like(cell.counts) for name in BOUND_COLUMNS}
-        counts = torch.zeros_like(cell.counts)
-        for k in range(res.order.shape[0]):
-            b = certified_bounds(
-                alpha64, batch.stats, batch.kv_of_head, res.order[k], universe,
-                res.n_grid, constants[0], constants[1], constants[2],
-            )
-            p_inv, r_inv = inversion_bounds(res.inversions[k], torch.tensor(res.n_grid))
-            cols = {
-                "precision_bound": b["precision_bound"], "recall_bound": b["recall_bound"],
-                "f_bound": b["f_bound"], "precision_inv_bound": p_inv, "recall_inv_bound": r_inv,
-            }
-            valid = res.valid[k]
-            for name, x in cols.items():
-                ok = valid & torch.isfinite(x)
-                sums[name] += _masked_sum(x, ok, (1,)).cpu()
-            counts += valid.sum(1).to(torch.float64).cpu()
+        alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0, posinf=0.0,
+                                   neginf=0.0)
+        k, h, q, t = res.order.shape
+        # the K random repeats become extra rows of one call: (K, H, Q, T) -> (H, K*Q, T)
+        def rows(x: Tensor) -> Tensor:
+            return x.expand(k, h, q, t).permute(1, 0, 2, 3).reshape(h, k * q, t)
+
+        b = certified_bounds(
+            rows(alpha64[None]), batch.stats, batch.kv_of_head, rows(res.order),
+            rows(universe[None]), res.n_grid, constants[0], constants[1], constants[2],
+        )
+        nn = len(res.n_grid)
+        p_inv, r_inv = inversion_bounds(res.inversions, torch.tensor(res.n_grid))
+        cols = {name: b[name].reshape(h, k, q, nn).permute(1, 0, 2, 3)
+                for name in ("precision_bound", "recall_bound", "f_bound")}
+        cols["precision_inv_bound"], cols["recall_inv_bound"] = p_inv, r_inv
+        sums = {}
+        for name, x in cols.items():
+            ok = res.valid & torch.isfinite(x)
+            sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
+        counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
         cell.sums.update(sums)
         cell.bound_counts = counts
 
