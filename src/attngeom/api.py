@@ -355,9 +355,11 @@ class Comparison:
     merged: object
 
     def __str__(self) -> str:
+        kappa = (f"{self.kappa:.3f}" if self.kappa == self.kappa
+                 else "undefined (a single regime in both runs)")
         return (
             f"heads compared: {self.n_heads} (excluded: {self.excluded})\n"
-            f"same regime: {self.agreement:.1%}   Cohen's kappa: {self.kappa:.3f}\n"
+            f"same regime: {self.agreement:.1%}   Cohen's kappa: {kappa}\n"
             f"{self.confusion.to_string()}"
         )
 
