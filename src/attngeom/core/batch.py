@@ -33,6 +33,7 @@ class ValueStats:
         self.dtype = dtype
         self._norms: Tensor | None = None
         self._gram: Tensor | None = None
+        self._cosines: Tensor | None = None
 
     @property
     def num_kv_heads(self) -> int:
@@ -58,6 +59,16 @@ class ValueStats:
     def sq_norms(self) -> Tensor:
         """(G, T) squared norms ||v_j||^2: the Gram diagonal itself (exact, no sqrt)."""
         return torch.diagonal(self.gram, dim1=-2, dim2=-1)
+
+    @property
+    def cosines(self) -> Tensor:
+        """(G, T, T) cos(v_a, v_b) from the Gram matrix (0 for zero vectors), cached: the
+        bounds, their fit and the diagnostics all read it. Do not modify in place."""
+        if self._cosines is None:
+            norms = self.norms
+            inv = torch.where(norms > 0, 1.0 / torch.where(norms > 0, norms, 1.0), 0.0)
+            self._cosines = (self.gram * inv[:, :, None] * inv[:, None, :]).clamp_(-1.0, 1.0)
+        return self._cosines
 
     @property
     def norms(self) -> Tensor:

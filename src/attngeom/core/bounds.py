@@ -84,10 +84,11 @@ def safe_cos(inner: Tensor, denom: Tensor) -> Tensor:
 
 
 def cosine_matrix(stats: ValueStats) -> Tensor:
-    """(G, T, T) float64 cosines ``cos(v_a, v_b)`` read off the Gram matrix (0 for zero vectors)."""
-    norms = stats.norms
-    inv = torch.where(norms > 0, 1.0 / torch.where(norms > 0, norms, 1.0), 0.0)
-    return (stats.gram * inv[:, :, None] * inv[:, None, :]).clamp_(-1.0, 1.0)
+    """(G, T, T) float64 cosines ``cos(v_a, v_b)`` read off the Gram matrix (0 for zero vectors).
+
+    Shared through ``ValueStats.cosines``, so it is computed once per (window, layer).
+    """
+    return stats.cosines
 
 
 class WindowConstants(NamedTuple):
