@@ -209,3 +209,16 @@ def test_bound_columns_are_window_means_of_the_per_query_bounds() -> None:
                                rtol=1e-12, equal_nan=True)
     assert (table["recall_bound"][~np.isnan(table["recall_bound"])]
             <= table["recall"][~np.isnan(table["recall_bound"])] + 1e-12).all()
+
+
+def test_stacked_windows_equal_one_update_per_window() -> None:
+    """update_many stacks windows along the head dimension; the tables do not change."""
+    cfg = _cfg(bounds=True, rules=("attention", "contribution", "random"))
+    one_by_one, stacked = TopNAccumulator(cfg), TopNAccumulator(cfg)
+    batches = [b for w in range(3) for b in _batches(10 + w, w)]
+    for b in batches:
+        one_by_one.update(b)
+    stacked.update_many(batches)
+    a, b = one_by_one.compute(), stacked.compute()
+    _assert_tables_equal(a["metrics"], b["metrics"])
+    _assert_tables_equal(a["sink_effect"], b["sink_effect"])

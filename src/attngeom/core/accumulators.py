@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attngeom.core.batch import AttentionBatch
+from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import DISTANCES, METRICS, RULES, TopNMetrics, topn_metrics
 from attngeom.errors import ConfigError
 
@@ -70,20 +70,31 @@ class _Cell:
     counts: Tensor
     entries: Tensor
     bound_counts: Tensor | None = None
-    nonfinite_rows: int = 0
+    nonfinite: Tensor | None = None  # (H,) rows skipped for non-finite input
+
+    @property
+    def nonfinite_rows(self) -> int:
+        return 0 if self.nonfinite is None else int(self.nonfinite.sum())
+
+    def rows(self, sl: slice) -> _Cell:
+        """The cell of a range of head rows (one window of a stacked batch)."""
+        return _Cell(
+            sums={name: v[sl].clone() for name, v in self.sums.items()},
+            counts=self.counts[sl].clone(),
+            entries=self.entries[sl].clone(),
+            bound_counts=None if self.bound_counts is None else self.bound_counts[sl].clone(),
+            nonfinite=None if self.nonfinite is None else self.nonfinite[sl].clone(),
+        )
 
     def add(self, other: _Cell) -> None:
         for name, value in other.sums.items():
             self.sums[name] = self.sums[name] + value if name in self.sums else value.clone()
         self.counts = self.counts + other.counts
         self.entries = self.entries + other.entries
-        if other.bound_counts is not None:
-            self.bound_counts = (
-                other.bound_counts.clone()
-                if self.bound_counts is None
-                else self.bound_counts + other.bound_counts
-            )
-        self.nonfinite_rows += other.nonfinite_rows
+        for name in ("bound_counts", "nonfinite"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None:
+                setattr(self, name, theirs.clone() if mine is None else mine + theirs)
 
 
 def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -100,8 +111,44 @@ class TopNAccumulator:
     num_heads: int | None = None
 
     def update(self, batch: AttentionBatch) -> None:
+        self.update_many([batch])
+
+    def update_many(self, batches: list[AttentionBatch]) -> None:
+        """Add several windows' batches of one layer in one pass.
+
+        Batches with the same layer, shapes and query rows are stacked along the head
+        dimension (each window's kv heads after the previous window's, so head h of
+        window b reads stacked kv head b G + h // (H / G)), which turns B small kernel
+        calls into one; the random control is seeded by each row's own window and head,
+        so the tables equal those of one update per window.
+        """
+        groups: dict[tuple, list[AttentionBatch]] = {}
+        for b in batches:
+            key = (b.layer, tuple(b.alpha.shape), tuple(b.stats.values.shape),
+                   tuple(b.query_positions.tolist()))
+            groups.setdefault(key, []).append(b)
+        for group in groups.values():
+            self._update_stacked(group)
+
+    def _update_stacked(self, batches: list[AttentionBatch]) -> None:
         cfg = self.config
-        self.num_heads = batch.num_heads
+        first = batches[0]
+        h, q, t = first.alpha.shape
+        self.num_heads = h
+        if len(batches) == 1:
+            batch = first
+        else:
+            batch = AttentionBatch(
+                window=first.window, layer=first.layer,
+                alpha=torch.cat([b.alpha for b in batches]),
+                visible=torch.cat([b.visible.expand(h, q, t) for b in batches]),
+                query_positions=first.query_positions,
+                stats=ValueStats.stack([b.stats for b in batches]),
+            )
+        device = batch.alpha.device
+        windows = torch.tensor([b.window for b in batches], device=device)
+        row_window = windows.repeat_interleave(h)
+        row_head = torch.arange(h, device=device).repeat(len(batches))
         constants = None
         results: dict[tuple[str, str, str], TopNMetrics] = {}
         for variant in cfg.variants:
@@ -111,8 +158,8 @@ class TopNAccumulator:
                         batch.alpha, None, cfg.n_grid, rule=rule, distance=distance,
                         visible=batch.visible, exclude_sink=variant == "no_sink",
                         query_positions=batch.query_positions, repeats=cfg.repeats,
-                        seed=cfg.seed, window=batch.window, layer=batch.layer,
-                        stats=batch.stats,
+                        seed=cfg.seed, window=row_window, layer=batch.layer,
+                        stats=batch.stats, head_index=row_head,
                     )
                     if rule == "attention" and distance == "euclidean":
                         results[(variant, rule, distance)] = res  # for the sink split
@@ -121,15 +168,25 @@ class TopNAccumulator:
                         if constants is None:
                             constants = _window_constants(batch)
                         self._add_bounds(cell, res, batch, variant, constants)
-                    key = (batch.window, batch.layer, rule, variant, distance)
-                    if key in self.cells:
-                        self.cells[key].add(cell)
-                    else:
-                        self.cells[key] = cell
+                    for i, b in enumerate(batches):
+                        key = (b.window, b.layer, rule, variant, distance)
+                        part = cell.rows(slice(i * h, (i + 1) * h))
+                        if key in self.cells:
+                            self.cells[key].add(part)
+                        else:
+                            self.cells[key] = part
         full = results.get(("full", "attention", "euclidean"))
         nosink = results.get(("no_sink", "attention", "euclidean"))
         if full is not None and nosink is not None:
-            self._add_sink_effect(batch, full, nosink)
+            parts = self._sink_parts(full, nosink)
+            for i, b in enumerate(batches):
+                mine = {name: v[i * h : (i + 1) * h] for name, v in parts.items()}
+                key = (b.window, b.layer)
+                if key in self.sink_effect:
+                    for name, value in mine.items():
+                        self.sink_effect[key][name] += value
+                else:
+                    self.sink_effect[key] = {name: v.clone() for name, v in mine.items()}
 
     def _cell(self, res: TopNMetrics) -> _Cell:
         valid = res.valid
@@ -139,7 +196,7 @@ class TopNAccumulator:
             sums=sums,
             counts=valid.sum((0, 2)).to(torch.float64).cpu(),
             entries=torch.full((h, nn), float(k * q), dtype=torch.float64),
-            nonfinite_rows=int(res.nonfinite.sum()),
+            nonfinite=res.nonfinite.sum(-1).cpu(),
         )
 
     def _add_bounds(
@@ -172,9 +229,8 @@ class TopNAccumulator:
         cell.sums.update(sums)
         cell.bound_counts = counts
 
-    def _add_sink_effect(
-        self, batch: AttentionBatch, full: TopNMetrics, nosink: TopNMetrics
-    ) -> None:
+    def _sink_parts(self, full: TopNMetrics, nosink: TopNMetrics) -> dict[str, Tensor]:
+        """F sums and counts per head row and N, split by whether the sink was selected."""
         chosen = full.sink_selected[0]
         both = full.valid[0] & nosink.valid[0]
         parts = {}
@@ -183,12 +239,7 @@ class TopNAccumulator:
             for tag, mask in (("selected", chosen & both), ("unselected", ~chosen & both)):
                 parts[f"f_{name}_sink_{tag}"] = _masked_sum(f, mask, (1,)).cpu()
                 parts[f"n_{name}_sink_{tag}"] = mask.sum(1).to(torch.float64).cpu()
-        key = (batch.window, batch.layer)
-        if key in self.sink_effect:
-            for name, value in parts.items():
-                self.sink_effect[key][name] += value
-        else:
-            self.sink_effect[key] = parts
+        return parts
 
     def merge(self, other: TopNAccumulator) -> None:
         """Add another accumulator's state (another shard, or other query chunks)."""

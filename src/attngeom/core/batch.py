@@ -35,6 +35,15 @@ class ValueStats:
         self._gram: Tensor | None = None
         self._cosines: Tensor | None = None
 
+    @classmethod
+    def stack(cls, parts: list[ValueStats]) -> ValueStats:
+        """Several windows' stats as one, kv heads concatenated; caches are reused."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls(torch.cat([p.values for p in parts]), parts[0].dtype)
+        out._gram = torch.cat([p.gram for p in parts])
+        return out
+
     @property
     def num_kv_heads(self) -> int:
         return int(self.values.shape[0])

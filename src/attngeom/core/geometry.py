@@ -87,8 +87,9 @@ def select_order(
     repeats: int = 1,
     query_positions: Tensor | None = None,
     seed: int = 0,
-    window: int = 0,
+    window: int | Tensor = 0,
     layer: int = 0,
+    head_index: Tensor | None = None,
 ) -> Tensor:
     """(K, H, Q, T) int64 key order of every row under a selection rule (SPEC 2).
 
@@ -100,7 +101,7 @@ def select_order(
         h, q, t = alpha.shape
         if query_positions is None:
             raise ConfigError("rule 'random' needs query_positions to seed the control")
-        heads = torch.arange(h, device=alpha.device)
+        heads = torch.arange(h, device=alpha.device) if head_index is None else head_index
         keys = permutation_keys(seed, window, layer, heads, query_positions, repeats, t)
         keys = keys.masked_fill(~universe[None], _INT64_MAX)
         return torch.sort(keys, dim=-1, stable=True).indices
@@ -131,17 +132,20 @@ def topn_metrics(
     query_positions: Tensor | None = None,
     repeats: int = 1,
     seed: int = 0,
-    window: int = 0,
+    window: int | Tensor = 0,
     layer: int = 0,
     stats: ValueStats | None = None,
     chunk_rows: int | None = None,
+    head_index: Tensor | None = None,
 ) -> TopNMetrics:
     """Geometric P_N, R_N, F_N, margin and inversions of every row and N (SPEC 2).
 
     ``alpha`` (H, Q, T) probabilities of the analysed rows, ``values`` (G, T, d)
     (or a prepared ``stats``), ``visible`` (H or 1, Q, T) bool (default: causal from
     ``query_positions``, which default to the last Q positions). Returns
-    ``TopNMetrics`` with tensors of shape (K, H, Q, NN), float64.
+    ``TopNMetrics`` with tensors of shape (K, H, Q, NN), float64. Rows of several
+    windows may be stacked along the head dimension: then ``window`` and ``head_index``
+    give each head row's window and head, which seed the random control.
 
     >>> a = torch.tensor([[[0.25, 0.5, 0.25]]])   # one head, one query (t = 2), T = 3
     >>> v = torch.tensor([[[1.0], [1.0], [-1.0]]])
@@ -195,6 +199,7 @@ def topn_metrics(
     order = select_order(
         alpha64, head_norms, universe, rule, repeats=repeats,
         query_positions=query_positions, seed=seed, window=window, layer=layer,
+        head_index=head_index,
     )
 
     nmax = max(1, min(max(grid), t))

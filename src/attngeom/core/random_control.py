@@ -49,13 +49,19 @@ def _fold(value: int) -> int:
     return (value ^ (value >> 32)) & _M32
 
 
+def _fold_coord(values: Tensor, device) -> Tensor:
+    """``_fold`` of every entry of a tensor of non-negative indices."""
+    v = values.to(device=device, dtype=torch.int64)
+    return (v ^ (v >> 32)) & _M32
+
+
 def _combine(state: Tensor, coord: Tensor) -> Tensor:
     return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
 
 
 def permutation_keys(
     seed: int,
-    window: int,
+    window: int | Tensor,
     layer: int,
     heads: Tensor,
     positions: Tensor,
@@ -64,7 +70,9 @@ def permutation_keys(
 ) -> Tensor:
     """Sort keys of the random control, shape (repeats, len(heads), len(positions), num_keys).
 
-    ``heads`` are query-head indices and ``positions`` the query positions t. Sorting
+    ``heads`` are query-head indices and ``positions`` the query positions t; ``window``
+    is one window index, or one per entry of ``heads`` when rows of several windows are
+    stacked along the head dimension (the keys are the same either way). Sorting
     a row's keys ascending (over the keys in its universe) gives repeat k's random
     order; its first N entries are the random set of size N, so sets are nested in N.
 
@@ -80,8 +88,10 @@ def permutation_keys(
     halves = []
     for salt in (0x243F6A88, 0x85A308D3):
         state = torch.tensor(_fold(seed) ^ salt, dtype=torch.int64, device=device)
-        for scalar in (window, layer):
-            state = _combine(state, torch.tensor(_fold(scalar), dtype=torch.int64, device=device))
+        state = _combine(state, _fold_coord(window, device).reshape(1, -1, 1, 1)
+                         if isinstance(window, Tensor) else
+                         torch.tensor(_fold(window), dtype=torch.int64, device=device))
+        state = _combine(state, torch.tensor(_fold(layer), dtype=torch.int64, device=device))
         state = _combine(state, heads & _M32)
         state = _combine(state, positions & _M32)
         state = _combine(state, ks)

@@ -30,8 +30,16 @@ class Accumulators:
     items: dict[str, object] = field(default_factory=dict)
 
     def update(self, batch: AttentionBatch) -> None:
+        self.update_many([batch])
+
+    def update_many(self, batches: list[AttentionBatch]) -> None:
+        """The windows of one forward batch; accumulators that can stack them do."""
         for acc in self.items.values():
-            acc.update(batch)
+            if hasattr(acc, "update_many"):
+                acc.update_many(batches)
+            else:
+                for batch in batches:
+                    acc.update(batch)
 
     def merge(self, other: Accumulators) -> None:
         for name, acc in self.items.items():
@@ -119,14 +127,14 @@ def stream_windows(
             per_window = [ValueStats(cap.values[b].float()) for b in range(cap.values.shape[0])]
             cache[cap.layer] = (key, per_window)
         per_window = cache[cap.layer][1]
-        for b, win in enumerate(current):
-            accumulators.update(
-                AttentionBatch(
-                    window=int(win.index), layer=int(cap.layer), alpha=cap.alpha[b].float(),
-                    visible=cap.visible[b], query_positions=cap.query_rows.to(cap.alpha.device),
-                    stats=per_window[b],
-                )
+        rows = cap.query_rows.to(cap.alpha.device)
+        accumulators.update_many([
+            AttentionBatch(
+                window=int(win.index), layer=int(cap.layer), alpha=cap.alpha[b].float(),
+                visible=cap.visible[b], query_positions=rows, stats=per_window[b],
             )
+            for b, win in enumerate(current)
+        ])
 
     bar = _progress(progress, len(windows), num_tokens)
     start = time.perf_counter()
