@@ -244,6 +244,69 @@ def topn_metrics(
     )
 
 
+class _Folding:
+    """(K, H, Q, ...) rows <-> (G, K*group*Q, ...): each query head joins its kv group."""
+
+    def __init__(self, k: int, h: int, q: int, group: int) -> None:
+        self.k, self.h, self.q, self.group = k, h, q, group
+        self.g = h // group
+        self.m = k * group * q
+
+    def fold(self, x: Tensor) -> Tensor:
+        rest = x.shape[3:]
+        x = x.reshape(self.k, self.g, self.group, self.q, *rest).movedim(1, 0)
+        return x.reshape(self.g, self.m, *rest)
+
+    def unfold(self, x: Tensor) -> Tensor:
+        rest = x.shape[2:]
+        x = x.reshape(self.g, self.k, self.group, self.q, *rest).movedim(0, 1)
+        return x.reshape(self.k, self.h, self.q, *rest)
+
+
+def _from_closeness(
+    close: Tensor,
+    selected: Tensor,
+    unselected: Tensor,
+    close_sel: Tensor,
+    s2: Tensor,
+    grid: Tensor,
+    kmask: Tensor,
+    euclidean: bool,
+) -> dict[str, Tensor]:
+    """SPEC 2 metrics from closeness scores (larger = nearer the aggregate).
+
+    ``close`` (G, M, NN, C) over C keys, ``selected`` / ``unselected`` masks broadcast
+    to it, ``close_sel`` (G, M, NN, N_max) the scores of the sorted selected keys,
+    ``kmask`` (NN, N_max) which of them are in I_N. Every comparison is one of scores:
+    D[j] <= rho_max is close[j] >= min_I close, D[i] < rho_min is close[i] > max close[j].
+    """
+    inf = torch.tensor(float("inf"), dtype=close.dtype, device=close.device)
+    cmin_sel = torch.where(selected, close, inf).amin(-1)
+    cmax_uns = torch.where(unselected, close, -inf).amax(-1)
+    nf = grid.to(close.dtype)[None, None, :]
+    n_close = (unselected & (close >= cmin_sel[..., None])).sum(-1)
+    precision = nf / (nf + n_close)
+    recall = (selected & (close > cmax_uns[..., None])).sum(-1) / nf
+    denom = precision + recall
+    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
+    if euclidean:
+        # rho_min - rho_max without subtracting two nearly equal distances
+        rho_min = (s2 - cmax_uns).clamp_min(0).sqrt()
+        rho_max = (s2 - cmin_sel).clamp_min(0).sqrt()
+        spread = rho_min + rho_max
+        margin = torch.where(spread > 0, (cmin_sel - cmax_uns) / spread.clamp_min(1e-300), 0.0)
+    else:
+        margin = cmin_sel - cmax_uns
+    # inversions: pairs (i in I, j not in I) with D[j] <= D[i], i.e. close[j] >= close[i]
+    uns_sorted = torch.where(unselected, close, -inf).sort(dim=-1).values
+    below = torch.searchsorted(uns_sorted.contiguous(), close_sel.contiguous(), right=False)
+    inversions = ((close.shape[-1] - below) * kmask).sum(-1).to(close.dtype)
+    return {
+        "precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
+        "inversions": inversions, "cmin_sel": cmin_sel, "cmax_uns": cmax_uns,
+    }
+
+
 def _metrics_rows(
     alpha: Tensor,
     order: Tensor,
@@ -254,20 +317,13 @@ def _metrics_rows(
     nmax: int,
     distance: str,
 ) -> dict[str, Tensor]:
-    """Metrics of one chunk of rows; heads are folded into their kv group."""
+    """Metrics of one chunk of rows over every key; heads are folded into their kv group."""
     k, h, q, t = order.shape
-    g = h // group
-    nn = grid.numel()
-    m = k * group * q
-
-    def fold(x: Tensor) -> Tensor:  # (K, H, Q, ...) -> (G, K*group*Q, ...)
-        rest = x.shape[3:]
-        x = x.reshape(k, g, group, q, *rest).movedim(1, 0)
-        return x.reshape(g, m, *rest)
-
-    alpha_m = fold(alpha[None].expand(k, h, q, t))
-    univ_m = fold(universe[None].expand(k, h, q, t))
-    order_m = fold(order)
+    fd = _Folding(k, h, q, group)
+    g, m, nn = fd.g, fd.m, grid.numel()
+    alpha_m = fd.fold(alpha[None].expand(k, h, q, t))
+    univ_m = fd.fold(universe[None].expand(k, h, q, t))
+    order_m = fd.fold(order)
     sel = order_m[..., :nmax]
     a_sel = torch.gather(alpha_m, -1, sel)
     gram = stats.gram
@@ -302,58 +358,22 @@ def _metrics_rows(
         degenerate = s2 <= limit
         s2 = s2.masked_fill(degenerate, 0.0)
         inner = inner.masked_fill(degenerate[..., None], 0.0)
-    kmask = kmask.T.bool()  # (NN, Nmax)
 
     rank = torch.empty_like(order_m)
     rank.scatter_(-1, order_m, torch.arange(t, device=alpha.device).expand_as(order_m))
     selected = rank[:, :, None, :] < grid[None, None, :, None]
     unselected = univ_m[:, :, None, :] & ~selected
-
     a = alpha_m[:, :, None, :]
-    norms = stats.norms[:, None, None, :]
     if distance == "euclidean":
         close = 2.0 * a * inner - a * a * stats.sq_norms[:, None, None, :]
     else:
+        norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-
-    inf = torch.tensor(float("inf"), dtype=close.dtype, device=close.device)
-    cmin_sel = torch.where(selected, close, inf).amin(-1)
-    cmax_uns = torch.where(unselected, close, -inf).amax(-1)
-    nf = grid.to(close.dtype)[None, None, :]
-    n_close = (unselected & (close >= cmin_sel[..., None])).sum(-1)
-    precision = nf / (nf + n_close)
-    recall = (selected & (close > cmax_uns[..., None])).sum(-1) / nf
-    denom = precision + recall
-    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
-
-    if distance == "euclidean":
-        rho_min = (s2 - cmax_uns).clamp_min(0).sqrt()
-        rho_max = (s2 - cmin_sel).clamp_min(0).sqrt()
-        spread = rho_min + rho_max
-        margin = torch.where(spread > 0, (cmin_sel - cmax_uns) / spread.clamp_min(1e-300), 0.0)
-    else:
-        margin = cmin_sel - cmax_uns
-
-    # inversions: pairs (i in I, j not in I) with D[j] <= D[i], i.e. close[j] >= close[i]
-    uns_sorted = torch.where(unselected, close, -inf).sort(dim=-1).values
     close_sel = torch.gather(close, -1, sel[:, :, None, :].expand(g, m, nn, nmax))
-    below = torch.searchsorted(uns_sorted.contiguous(), close_sel.contiguous(), right=False)
-    inversions = ((t - below) * kmask).sum(-1).to(close.dtype)
-
-    sink_selected = selected[..., 0] & univ_m[:, :, None, 0]
-
-    def unfold(x: Tensor) -> Tensor:  # (G, M, NN) -> (K, H, Q, NN)
-        x = x.reshape(g, k, group, q, nn).movedim(0, 1)
-        return x.reshape(k, h, q, nn)
-
-    return {
-        "precision": unfold(precision),
-        "recall": unfold(recall),
-        "f_score": unfold(f_score),
-        "margin": unfold(margin),
-        "inversions": unfold(inversions),
-        "sink_selected": unfold(sink_selected),
-    }
+    out = _from_closeness(close, selected, unselected, close_sel, s2, grid, kmask.T.bool(),
+                          distance == "euclidean")
+    out["sink_selected"] = selected[..., 0] & univ_m[:, :, None, 0]
+    return {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
 
 
 def _certified_rows(
@@ -376,17 +396,11 @@ def _certified_rows(
     fails for some valid N are recomputed in full by ``_metrics_rows``.
     """
     k, h, q, t = order.shape
-    g = h // group
-    m = k * group * q
-
-    def fold(x: Tensor) -> Tensor:  # (K, H, Q, ...) -> (G, K*group*Q, ...)
-        rest = x.shape[3:]
-        x = x.reshape(k, g, group, q, *rest).movedim(1, 0)
-        return x.reshape(g, m, *rest)
-
-    alpha_m = fold(alpha[None].expand(k, h, q, t))
-    univ_m = fold(universe[None].expand(k, h, q, t))
-    order_m = fold(order)
+    fd = _Folding(k, h, q, group)
+    g, m = fd.g, fd.m
+    alpha_m = fd.fold(alpha[None].expand(k, h, q, t))
+    univ_m = fd.fold(universe[None].expand(k, h, q, t))
+    order_m = fd.fold(order)
     sel = order_m[..., :nmax]
     contrib = alpha_m * stats.norms[:, None, :]
     rest = order_m[..., nmax:]
@@ -414,23 +428,10 @@ def _certified_rows(
     selected = (slot[None, :] < grid[:, None])[None, None]  # (1, 1, NN, C)
     unselected = univ_c[:, :, None, :] & ~selected
 
+    out = _from_closeness(close, selected, unselected, close[..., :nmax], s2, grid,
+                          kmask.T.bool(), euclidean=True)
+    cmin_sel, cmax_uns = out["cmin_sel"], out["cmax_uns"]
     inf = torch.tensor(float("inf"), dtype=close.dtype, device=close.device)
-    cmin_sel = torch.where(selected, close, inf).amin(-1)
-    cmax_uns = torch.where(unselected, close, -inf).amax(-1)
-    nf = grid.to(close.dtype)[None, None, :]
-    n_close = (unselected & (close >= cmin_sel[..., None])).sum(-1)
-    precision = nf / (nf + n_close)
-    recall = (selected & (close > cmax_uns[..., None])).sum(-1) / nf
-    denom = precision + recall
-    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
-    rho_min = (s2 - cmax_uns).clamp_min(0).sqrt()
-    rho_max = (s2 - cmin_sel).clamp_min(0).sqrt()
-    spread = rho_min + rho_max
-    margin = torch.where(spread > 0, (cmin_sel - cmax_uns) / spread.clamp_min(1e-300), 0.0)
-    uns_sorted = torch.where(unselected, close, -inf).sort(dim=-1).values
-    close_sel = close[..., :nmax].contiguous()
-    below = torch.searchsorted(uns_sorted.contiguous(), close_sel, right=False)
-    inversions = ((c - below) * kmask.T.bool()).sum(-1).to(close.dtype)
 
     # certificate for the keys left out (c_left < 0: none left out)
     root = s2.clamp_min(0).sqrt()
@@ -446,17 +447,9 @@ def _certified_rows(
     sink_pos = torch.where(sel == 0, torch.arange(nmax, device=alpha.device), nmax).amin(-1)
     sink_selected = (sink_pos[..., None] < grid[None, None, :]) & univ_m[:, :, None, 0]
 
-    def unfold(x: Tensor) -> Tensor:  # (G, M, ...) -> (K, H, Q, ...)
-        rest_shape = x.shape[2:]
-        x = x.reshape(g, k, group, q, *rest_shape).movedim(0, 1)
-        return x.reshape(k, h, q, *rest_shape)
-
-    out = {
-        "precision": unfold(precision), "recall": unfold(recall), "f_score": unfold(f_score),
-        "margin": unfold(margin), "inversions": unfold(inversions),
-        "sink_selected": unfold(sink_selected),
-    }
-    failed = ~unfold(row_ok)  # (K, H, Q)
+    out["sink_selected"] = sink_selected
+    out = {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
+    failed = ~fd.unfold(row_ok)  # (K, H, Q)
     redo = failed.any(0).any(0).nonzero().flatten()
     if redo.numel():
         full = _metrics_rows(alpha[:, redo], order[:, :, redo], universe[:, redo], stats,
