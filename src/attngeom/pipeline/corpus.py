@@ -158,7 +158,7 @@ def _read_jsonl(path: Path, text_column: str) -> Iterator[str]:
                 fields = ", ".join(map(str, list(row)[:10])) or "none"
                 raise CorpusError(
                     f"line {lineno} of {path} has no text column {text_column!r} "
-                    f"(fields: {fields}); pass text_column="
+                    f"(fields: {fields}); pass the right text_column (--text-column NAME)"
                 )
             value = row[text_column]
             if value is None:
@@ -185,7 +185,8 @@ def _read_parquet(path: Path, text_column: str) -> Iterator[str]:
     if text_column not in names:
         raise CorpusError(
             f"{path} has no text column {text_column!r} "
-            f"(columns: {', '.join(names[:10]) or 'none'}); pass text_column="
+            f"(columns: {', '.join(names[:10]) or 'none'}); "
+            "pass the right text_column (--text-column NAME)"
         )
     field = pf.schema_arrow.field(text_column)
     if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
