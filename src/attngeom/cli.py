@@ -155,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             text_column=args.text_column, separator=args.separator,
         )
         _print_headline(res)
+        _print_skips(res.manifest.get("counts", {}))
         if res.out_dir is not None:
             print(f"results: {res.out_dir}")
             if args.report:
@@ -213,6 +214,17 @@ def _run(args: argparse.Namespace) -> int:
         _print_demo(out)
         return 0
     raise AssertionError(args.command)
+
+
+def _print_skips(counts: dict) -> None:
+    never = counts.get("never_valid_n") or []
+    if never:
+        print(f"skipped: N = {', '.join(map(str, never))} never fits a universe of these "
+              f"windows (largest {counts.get('largest_universe')} keys); reported as NaN "
+              "with n_queries = 0")
+    if counts.get("nonfinite_rows"):
+        print(f"skipped: {counts['nonfinite_rows']} query rows with non-finite attention "
+              "or values")
 
 
 def _print_table(df, columns) -> None:
