@@ -412,9 +412,9 @@ def _run_name(manifest: dict, run) -> str:
 def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> dict:
     """The default study: stories260K on the shared TinyStories and WikiText samples.
 
-    Writes two analysis runs, their comparison, a head scan and a short pruning
-    sweep, and one HTML report per analysis run; returns the paths and the headline
-    F_N table.
+    Writes two analysis runs, their comparison, a head scan, a short pruning sweep
+    and a top-N restriction sweep, and one HTML report per run; returns the paths and
+    the headline F_N table.
     """
     from attngeom.pipeline.tables import headline
 
@@ -438,12 +438,16 @@ def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool =
         seeds=(0, 1) if quick else (0, 1, 2), n_rank_windows=4 if quick else 8,
         n_eval_windows=4 if quick else 8, overwrite=True,
     )
-    reports = {name: report(out / name) for name in corpora}
+    restricted = restrict(out=out / "restrict", n_eval_windows=2 if quick else 4,
+                          overwrite=True)
+    reports = {name: report(out / name)
+               for name in (*corpora, "scan", "prune", "restrict")}
     return {
         "runs": {name: r.out_dir for name, r in results.items()},
         "headline": {name: headline(r["summary"]) for name, r in results.items()},
         "comparison": comparison,
         "head_scan": scan,
         "pruning": pruned,
+        "restrict": restricted,
         "reports": reports,
     }

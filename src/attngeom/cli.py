@@ -278,13 +278,18 @@ def _print_demo(out: dict) -> None:
     pr = out["pruning"]["pruning"]
     print(pr.pivot_table(index="keep_fraction", columns="ranker", values="perplexity")
           .to_string(float_format=lambda x: f"{x:.3f}"))
+    print("\n== top-N restriction: effective set size N*_tau (whole model) ==")
+    ns = out["restrict"]["restrict_nstar"]
+    print(ns.pivot_table(index="tau", columns="renormalize", values="n_star")
+          .to_string(float_format=lambda x: f"{x:.0f}"))
     print()
     for name, path in out["runs"].items():
         print(f"results ({name}): {path}")
+    print(f"results (head scan): {out['head_scan'].out_dir}")
+    print(f"results (pruning): {out['pruning'].out_dir}")
+    print(f"results (restriction): {out['restrict'].out_dir}")
     for name, path in out["reports"].items():
         print(f"report ({name}): {path}")
-    print(f"head scan: {out['head_scan'].out_dir}")
-    print(f"pruning: {out['pruning'].out_dir}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
