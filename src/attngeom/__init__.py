@@ -19,6 +19,11 @@ _API = (
     "report", "restrict", "scan_heads",
 )
 
+_SUBMODULES = (
+    "api", "capture", "cli", "core", "errors", "figures", "geometry", "interventions",
+    "pipeline", "report", "results",
+)
+
 __all__ = ["__version__", *_API]
 
 
@@ -27,4 +32,8 @@ def __getattr__(name: str):
         from attngeom import api
 
         return getattr(api, name)
+    if name in _SUBMODULES:
+        from importlib import import_module
+
+        return import_module(f"attngeom.{name}")
     raise AttributeError(f"module 'attngeom' has no attribute {name!r}")

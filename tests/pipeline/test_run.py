@@ -153,6 +153,14 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
     assert (full[full["n"] == 31]["n_queries"] == 32).all()
     assert (full[full["n"] == 32]["n_queries"] == 0).all()
     assert res.manifest["model"]["is_causal"] is False
+    # the paper's sink signature in the middle layers: a value several times shorter than
+    # the rest, a large attention mass, and F_N lower when the sink is selected
+    sink = res["sink"]
+    middle = sink[(sink["n"] == 4) & sink["layer"].between(1, 4)].groupby("layer").median(
+        numeric_only=True)
+    assert (middle["norm_ratio"] > 5).all()
+    assert (middle["sink_mass"] > 0.2).all()
+    assert (middle["f_full_sink_selected"] < middle["f_full_sink_unselected"]).all()
     # the certified bounds hold on a real encoder with its strong first-token sink too
     ok = m.dropna(subset=["recall_bound", "recall"])
     assert len(ok) > 0
