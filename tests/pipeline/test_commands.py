@@ -148,3 +148,11 @@ def test_failed_overwrite_keeps_the_previous_results(tmp_path) -> None:
     assert code == 2
     assert sorted(p.name for p in out.iterdir()) == before
     assert read_table(out, "head_scan").shape[0] == 40
+
+
+def test_check_command_runs_the_self_checks(capsys) -> None:
+    assert main(["check", "--model", str(STORIES_PATH)]) == 0
+    assert "self-checks passed" in capsys.readouterr().out
+    code = main(["check", "--model", "/nonexistent/model"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("attngeom check: error:") and "\n" not in err
