@@ -57,7 +57,7 @@ def test_n_at_least_the_window_is_the_identity(name):
     t = inputs["input_ids"].shape[1]
     with restrict_topn(model, t):
         same = run(model, inputs)
-    assert TOL.close(same, own)
+    assert torch.equal(same, own)  # nothing dropped: the model's own output, bit for bit
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -166,3 +166,25 @@ def test_capture_nested_inside_restriction_keeps_the_restricted_output():
     assert [c.layer for c in caps] == [0, 1]
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(run(model, inputs), own)
+
+
+def test_capture_inside_restriction_reports_the_restricted_probabilities():
+    """SPEC 1: the probabilities exactly as the (restricted) model computes them."""
+    model = make_model("llama")
+    inputs = make_inputs("llama")
+    caps = []
+    with restrict_topn(model, 2, layers=[0]), capture_attention(model, caps.append):
+        run(model, inputs)
+    by_layer = {c.layer: c for c in caps}
+    kept = (by_layer[0].alpha > 0).sum(-1)
+    assert int(kept.max()) == 2  # every row of the restricted layer keeps at most 2 keys
+    assert int((by_layer[1].alpha > 0).sum(-1).max()) > 2  # the other layer is untouched
+
+
+def test_restriction_inside_capture_is_refused():
+    """An enclosing capture would never see the restricted layers: refuse, say why."""
+    model = make_model("llama")
+    with capture_attention(model, lambda c: None), pytest.raises(ConfigError, match="inside"):
+        restrict_topn(model, 2).__enter__()
+    assert model.config._attn_implementation == "sdpa"
+

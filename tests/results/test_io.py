@@ -377,9 +377,14 @@ def test_prepare_run_dir_removes_files_the_manifest_lists(tmp_path):
     (run / "report.html").write_text("<html>")
     (run / "figures").mkdir()
     (run / "figures" / "f1.png").write_bytes(b"png")
-    manifest = {"command": "report", "fingerprint": "r", "files": ["report.html", "figures"],
-                "tables": {}}
+    manifest = {"attngeom_version": "0.1.0", "command": "report", "fingerprint": "r",
+                "files": ["report.html", "figures"], "tables": {}}
     write_manifest(run, manifest)
+    # a listed folder is not removed wholesale (it could hold anything): refused
+    with pytest.raises(RunDirError, match="figures"):
+        prepare_run_dir(run, command="analyze", fingerprint="a", overwrite=True)
+    (run / "figures" / "f1.png").unlink()
+    (run / "figures").rmdir()
     prepare_run_dir(run, command="analyze", fingerprint="a", overwrite=True)
     assert list(run.iterdir()) == []
 
@@ -427,3 +432,27 @@ def test_lazy_package_exports():
     with pytest.raises(AttributeError):
         r.nope  # noqa: B018
     assert json.loads(json.dumps(sorted(r.__all__)))  # names only
+
+
+def test_overwrite_never_removes_what_attngeom_did_not_write(tmp_path) -> None:
+    """A report folder holding a user's file, or another tool's manifest.json, is refused."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_manifest(run, build_manifest("analyze", {"a": 1}, {}, {}, 0, {}, [], {}))
+    (run / "report" / "figures").mkdir(parents=True)
+    (run / "report" / "index.html").write_text("<html></html>")
+    (run / "report" / "figures" / "f.png").write_bytes(b"png")
+    (run / "report" / "my_thesis.tex").write_text("mine")
+    with pytest.raises(RunDirError, match="report"):
+        prepare_run_dir(run, command="analyze", fingerprint="other", overwrite=True)
+    assert (run / "report" / "my_thesis.tex").read_text() == "mine"
+    (run / "report" / "my_thesis.tex").unlink()
+    prepare_run_dir(run, command="analyze", fingerprint="other", overwrite=True)
+    assert list(run.iterdir()) == []
+
+    other = tmp_path / "webapp"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"name": "my webapp", "version": 3}')
+    with pytest.raises(RunDirError, match="manifest.json"):
+        prepare_run_dir(other, command="analyze", fingerprint="x", overwrite=True)
+    assert (other / "manifest.json").is_file()

@@ -13,6 +13,7 @@ from attngeom.capture.checks import CheckReport, check_model
 from attngeom.capture.interface import (
     IMPLEMENTATION_NAME,
     AttentionCall,
+    has_override,
     override_attention,
     repeat_kv,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "attention_output_projections",
     "capture_attention",
     "check_model",
+    "has_override",
     "load_model",
     "model_layout",
     "override_attention",

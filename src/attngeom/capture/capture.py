@@ -99,8 +99,14 @@ def _capture_handler(
                 _emit(consumer, call, alpha, values, chunk)
             return output, weights
         output = call.previous()
+        nested = call.nested and output[1] is not None
         for chunk in chunks:
-            _, weights = call.eager(chunk)
+            if nested:
+                # inside another override (a top-N restriction): report the probabilities
+                # the model actually used, which that override returned
+                weights = output[1].index_select(2, chunk)
+            else:
+                _, weights = call.eager(chunk)
             _emit(consumer, call, weights.detach().to(torch.float32), values, chunk)
         return output
 

@@ -175,6 +175,11 @@ class AttentionCall:
         )
 
     @property
+    def nested(self) -> bool:
+        """True when ``previous()`` is another attngeom override's handler."""
+        return self._override.previous == IMPLEMENTATION_NAME and self._override.below is not None
+
+    @property
     def previous_is_eager(self) -> bool:
         """True when ``previous()`` is (or falls back to) the family's eager function."""
         prev = self._override.previous
@@ -364,6 +369,12 @@ def override_attention(model: torch.nn.Module, handler: Handler) -> Iterator[Non
                 stack.pop()
             if not stack:
                 _BY_MODULE.pop(key, None)
+
+
+def has_override(model: torch.nn.Module) -> bool:
+    """Whether an attngeom override (capture, restriction) is open on ``model``."""
+    config = getattr(model, "config", None)
+    return bool(_BY_CONFIG.get(id(config))) if config is not None else False
 
 
 def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:

@@ -338,9 +338,14 @@ def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) 
         rows[capture.layer] += alpha.shape[0] * alpha.shape[2]
 
     device = next(model.parameters()).device
-    with torch.no_grad(), capture_attention(model, consumer):
-        for start in range(0, rank_ids.shape[0], batch_size):
-            model(input_ids=rank_ids[start : start + batch_size].to(device))
+    was_training = model.training
+    model.eval()  # dropout would perturb the probabilities being ranked
+    try:
+        with torch.no_grad(), capture_attention(model, consumer):
+            for start in range(0, rank_ids.shape[0], batch_size):
+                model(input_ids=rank_ids[start : start + batch_size].to(device))
+    finally:
+        model.train(was_training)
     scores = total / rows[:, None]
     return HeadRanking("entropy", _by_score(scores, descending=True), scores)
 

@@ -18,7 +18,13 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from attngeom.capture import AttentionCall, model_layout, override_attention, repeat_kv
+from attngeom.capture import (
+    AttentionCall,
+    has_override,
+    model_layout,
+    override_attention,
+    repeat_kv,
+)
 from attngeom.errors import ConfigError
 
 
@@ -122,6 +128,12 @@ def restrict_topn(
     if not isinstance(renormalize, bool):
         raise ConfigError(f"expected renormalize to be True or False, got {renormalize!r}")
     selection = _selection(model, layers, heads)
+    if has_override(model):
+        # an enclosing capture would never see the restricted layers' probabilities
+        raise ConfigError(
+            "restrict_topn: expected no attngeom override open on the model; open the "
+            "restriction first and capture_attention inside it"
+        )
 
     def handler(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         if call.layer not in selection:
@@ -129,14 +141,20 @@ def restrict_topn(
         _, probs = call.eager()
         restricted = restrict_probabilities(probs, call.visible(), n, renormalize)
         chosen = selection[call.layer]
-        if chosen is not None:
-            head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)
-            head_mask[chosen] = True
-            restricted = torch.where(head_mask[None, :, None, None], restricted, probs)
+        head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)
+        head_mask[slice(None) if chosen is None else chosen] = True
+        # heads whose probabilities actually changed get the restricted output; every
+        # other head keeps the model's own output bit for bit (N >= |U| is the identity)
+        changed = head_mask & (restricted != probs).flatten(2).any(-1).any(0)
+        if not bool(changed.any()):
+            return call.previous()
+        restricted = torch.where(changed[None, :, None, None], restricted, probs)
+        base, _ = call.previous()
         groups = probs.shape[1] // call.value.shape[1]
         values = repeat_kv(call.value, groups)
-        output = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2).contiguous()
-        return output, restricted
+        new = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2)
+        output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
+        return output.contiguous(), restricted
 
     with override_attention(model, handler):
         yield

@@ -17,8 +17,11 @@ Window policy, and why:
    between consecutive documents (the EOS token by default, else the tokenizer's
    SEP token, else nothing). This is how causal LMs are trained on packed text
    (GPT-2's ``<|endoftext|>``, Llama's ``</s>``), it wastes no tokens on padding,
-   and it keeps BOS out of the middle of a window, where it would create a second
-   sink. Documents longer than ``MAX_PIECE_CHARS`` characters are tokenised in
+   and, for tokenizers whose BOS differs from EOS (Llama), it keeps BOS out of the
+   middle of a window, where it could create a second sink. Where BOS and EOS are
+   one token (GPT-2, Pythia) the separator is that token, as in those models'
+   training data; ``sink_positions`` then reports any mid-window sink it creates.
+   Documents longer than ``MAX_PIECE_CHARS`` characters are tokenised in
    pieces cut at a line break (or a space), which bounds memory; the cut depends on
    the text alone.
 3. **Cut.** The stream is cut into consecutive, non-overlapping chunks of

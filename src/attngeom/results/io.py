@@ -263,7 +263,7 @@ REPORT_DIR = "report"  # written by ``attngeom report`` inside a run directory
 
 def _own_names(manifest: dict | None) -> set[str]:
     """Top-level names in a run directory that attngeom wrote (and may remove)."""
-    own = {MANIFEST_NAME, REPORT_DIR, *(f"{n}.parquet" for n in TABLE_NAMES)}
+    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in TABLE_NAMES)}
     if manifest:
         listed = list((manifest.get("tables") or {}).values()) if isinstance(
             manifest.get("tables"), dict
@@ -277,9 +277,25 @@ def _own_names(manifest: dict | None) -> set[str]:
     return own
 
 
+_REPORT_FILES = re.compile(r"^(index\.html|figures(/[A-Za-z0-9_.-]+\.(png|pdf))?)$")
+
+
+def _is_report_dir(entry: Path) -> bool:
+    """A ``report/`` folder holding only what ``attngeom report`` writes."""
+    if not entry.is_dir() or entry.is_symlink():
+        return False
+    for path in entry.rglob("*"):
+        rel = path.relative_to(entry).as_posix()
+        if path.is_symlink() or not _REPORT_FILES.match(rel):
+            return False
+    return True
+
+
 def _is_own(entry: Path, own: set[str]) -> bool:
+    if entry.name == REPORT_DIR:
+        return _is_report_dir(entry)
     if entry.name in own:
-        return True
+        return entry.is_file() or not entry.exists()
     m = _TEMP_RE.match(entry.name)
     return bool(m) and m.group("target") in own and entry.is_file()
 
@@ -328,7 +344,12 @@ def prepare_run_dir(
             manifest = read_manifest(run_dir)
         except RunDirError as e:
             manifest_problem = str(e)
+    theirs = manifest is not None and not _written_by_attngeom(manifest)
+    if theirs:  # someone else's manifest.json: none of this directory is ours to remove
+        manifest = None
     own = _own_names(manifest)
+    if theirs:
+        own.discard(MANIFEST_NAME)
     foreign = [p.name for p in entries if not _is_own(p, own)]
 
     if manifest is not None and _same_run(manifest, command, fingerprint) and not overwrite:
@@ -362,6 +383,10 @@ def prepare_run_dir(
         else:
             entry.unlink()
     return run_dir
+
+
+def _written_by_attngeom(manifest: dict) -> bool:
+    return isinstance(manifest, dict) and "attngeom_version" in manifest and "command" in manifest
 
 
 def _fingerprint_of(manifest: dict) -> str | None:
