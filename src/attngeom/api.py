@@ -108,10 +108,6 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
     from attngeom.pipeline.analysis import check_window_fits
     from attngeom.pipeline.run import load_windows
 
-    if n_eval < 1 or n_rank < 0:
-        raise ConfigError(
-            f"expected n_eval_windows >= 1 and n_rank_windows >= 0, got {n_eval}, {n_rank}"
-        )
     config = AnalysisConfig(
         model=model or default_model(), corpus=corpus or default_corpus(),
         window_length=window_length, n_windows=n_rank + n_eval, seed=seed,
@@ -129,6 +125,7 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
             f"{n_rank} ranking + {n_eval} evaluation windows were asked for"
         )
     rank, ev = windows[:n_rank], windows[n_rank : n_rank + n_eval]
+
     def stack(ws):
         return torch.stack([w.input_ids for w in ws]) if ws else None
 
