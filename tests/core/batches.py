@@ -19,11 +19,14 @@ def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None
     return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values))
 
 
-def assert_columns_equal(got: dict, ref: dict, rtol: float = 1e-12) -> None:
-    """Two column dicts hold the same table (floats to ``rtol``, NaN where NaN)."""
-    assert got.keys() == ref.keys()
+def assert_columns_equal(
+    got: dict, ref: dict, rtol: float = 1e-12, atol: float = 0.0
+) -> None:
+    """Two column dicts hold the same table: same columns in the same order, floats to
+    ``rtol`` / ``atol`` with NaN where NaN, everything else equal."""
+    assert list(got) == list(ref)
     for k in ref:
         if np.asarray(ref[k]).dtype.kind == "f":
-            np.testing.assert_allclose(got[k], ref[k], rtol=rtol, equal_nan=True)
+            np.testing.assert_allclose(got[k], ref[k], rtol=rtol, atol=atol, equal_nan=True)
         else:
             assert list(got[k]) == list(ref[k]), k

@@ -12,6 +12,7 @@ from attngeom.core.accumulators import TopNAccumulator, TopNConfig, merge_all
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import METRICS, causal_visibility, topn_metrics
 from attngeom.errors import ConfigError
+from tests.core.batches import assert_columns_equal
 
 H, G, T, D = 4, 2, 12, 3
 GRID = (1, 2, 4, 11, 12)
@@ -48,12 +49,7 @@ def _table(acc: TopNAccumulator) -> dict[str, np.ndarray]:
 
 
 def _assert_tables_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if a[k].dtype.kind == "f":
-            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12, equal_nan=True)
-        else:
-            assert list(a[k]) == list(b[k]), k
+    assert_columns_equal(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_stream_equals_kernel_mean() -> None:

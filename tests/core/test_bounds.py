@@ -29,7 +29,7 @@ from attngeom.core.bounds import (
 )
 from attngeom.core.geometry import topn_metrics
 from attngeom.errors import ConfigError
-from tests.core.batches import batch_of, causal
+from tests.core.batches import assert_columns_equal, batch_of, causal
 
 # ---------------------------------------------------------------- helpers
 
@@ -370,12 +370,7 @@ def test_random_direction_mu() -> None:
 
 
 def _table_equal(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        if a[k].dtype.kind == "f":
-            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-14, equal_nan=True)
-        else:
-            assert a[k].tolist() == b[k].tolist(), k
+    assert_columns_equal(a, b, rtol=1e-12, atol=1e-14)
 
 
 def test_bounds_accumulator_fit_by_hand() -> None:

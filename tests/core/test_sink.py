@@ -17,7 +17,7 @@ from attngeom.core.sink import (
     sink_value_stats,
 )
 from attngeom.errors import ConfigError
-from tests.core.batches import batch_of, causal
+from tests.core.batches import assert_columns_equal, batch_of, causal
 
 
 def test_value_stats_by_hand() -> None:
@@ -121,12 +121,7 @@ def _windows(seed: int, count: int, t: int = 8):
 
 
 def _equal(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        if a[k].dtype.kind == "f":
-            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-14, equal_nan=True)
-        else:
-            assert a[k].tolist() == b[k].tolist(), k
+    assert_columns_equal(a, b, rtol=1e-12, atol=1e-14)
 
 
 def test_merge_and_chunks_equal_one_run() -> None:
