@@ -34,6 +34,7 @@ class ValueStats:
         self._norms: Tensor | None = None
         self._gram: Tensor | None = None
         self._cosines: Tensor | None = None
+        self._parts: list[ValueStats] = []  # set by ``stack``: caches live in the parts
 
     @classmethod
     def stack(cls, parts: list[ValueStats]) -> ValueStats:
@@ -42,6 +43,7 @@ class ValueStats:
             return parts[0]
         out = cls(torch.cat([p.values for p in parts]), parts[0].dtype)
         out._gram = torch.cat([p.gram for p in parts])
+        out._parts = list(parts)
         return out
 
     @property
@@ -73,6 +75,9 @@ class ValueStats:
     def cosines(self) -> Tensor:
         """(G, T, T) cos(v_a, v_b) from the Gram matrix (0 for zero vectors), cached: the
         bounds, their fit and the diagnostics all read it. Do not modify in place."""
+        if self._cosines is None and self._parts:
+            # computed (and cached) per window, so the per-window accumulators reuse them
+            self._cosines = torch.cat([p.cosines for p in self._parts])
         if self._cosines is None:
             norms = self.norms
             inv = torch.where(norms > 0, 1.0 / torch.where(norms > 0, norms, 1.0), 0.0)
