@@ -104,7 +104,7 @@ class _Setup:
 def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) -> _Setup:
     import torch
 
-    from attngeom.capture import load_model, model_layout
+    from attngeom.capture import load_model, load_tokenizer, model_layout
     from attngeom.pipeline.analysis import check_window_fits
     from attngeom.pipeline.run import load_windows
 
@@ -113,12 +113,13 @@ def _setup(model, corpus, window_length, n_rank, n_eval, device, dtype, seed) ->
         window_length=window_length, n_windows=n_rank + n_eval, seed=seed,
         device=device, dtype=dtype,
     )
-    m, tok = load_model(config.model, device=device, dtype=dtype)
+    tok = load_tokenizer(config.model)
+    windows, _info, _policy = load_windows(config, tok)
+    m, tok = load_model(config.model, device=device, dtype=dtype, tokenizer=tok)
     layout = model_layout(m)
     if not layout.is_causal:
         raise ConfigError(f"{layout.model_class} is not a causal LM: perplexity needs one")
     check_window_fits(window_length, layout)
-    windows, _info = load_windows(config, tok)
     if len(windows) < n_rank + n_eval:
         raise ConfigError(
             f"corpus gives {len(windows)} windows of {window_length} tokens; "
@@ -340,6 +341,9 @@ def restrict(
                              device=device, dtype=dtype)
 
 
+STABLE = 0.8  # the label stability above which a head counts as firmly labelled
+
+
 @dataclass
 class Comparison:
     """Regime stability between two runs (SPEC 4)."""
@@ -350,15 +354,27 @@ class Comparison:
     excluded: int
     confusion: object
     merged: object
+    stable_agreement: float = float("nan")
+    n_stable: int = 0
+    stability_threshold: float = 0.8
 
     def __str__(self) -> str:
         kappa = (f"{self.kappa:.3f}" if self.kappa == self.kappa
                  else "undefined (a single regime in both runs)")
-        return (
-            f"heads compared: {self.n_heads} (excluded: {self.excluded})\n"
-            f"same regime: {self.agreement:.1%}   Cohen's kappa: {kappa}\n"
-            f"{self.confusion.to_string()}"
-        )
+        lines = [
+            f"heads compared: {self.n_heads} (excluded: {self.excluded})",
+            f"same regime: {self.agreement:.1%}   Cohen's kappa: {kappa}",
+        ]
+        if "stability_a" in self.merged.columns:
+            sa, sb = self.merged["stability_a"], self.merged["stability_b"]
+            stable = (f"{self.stable_agreement:.1%}" if self.n_stable else "no such head")
+            lines.append(
+                f"label stability (window bootstrap): median {sa.median():.3f} and "
+                f"{sb.median():.3f}; heads stable (>= {self.stability_threshold:g}) in both: "
+                f"{self.n_stable}, same regime among them: {stable}"
+            )
+        lines.append(self.confusion.to_string())
+        return "\n".join(lines)
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
@@ -386,10 +402,16 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
             f"{run_a} and {run_b} analyse different models ({ida.get('name')} vs "
             f"{idb.get('name')}); compare needs runs of the same model"
         )
-    merged = ta[["layer", "head", "regime"]].merge(
-        tb[["layer", "head", "regime"]], on=["layer", "head"], suffixes=("_a", "_b")
-    )
+    cols = ["layer", "head", "regime"] + (
+        ["stability"] if "stability" in ta.columns and "stability" in tb.columns else [])
+    merged = ta[cols].merge(tb[cols], on=["layer", "head"], suffixes=("_a", "_b"))
     agr = regime_agreement(list(merged["regime_a"]), list(merged["regime_b"]))
+    stable_agreement, n_stable = float("nan"), 0
+    if "stability_a" in merged.columns:
+        both = merged[(merged["stability_a"] >= STABLE) & (merged["stability_b"] >= STABLE)]
+        n_stable = len(both)
+        if n_stable:
+            stable_agreement = float((both["regime_a"] == both["regime_b"]).mean())
     long = pd.DataFrame(agr.confusion)
     confusion = long.pivot_table(index="regime_a", columns="regime_b", values="count",
                                  aggfunc="sum", sort=False)
@@ -398,6 +420,7 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
     return Comparison(
         agreement=float(agr.agreement), kappa=float(agr.kappa), n_heads=int(agr.n_heads),
         excluded=int(agr.n_excluded), confusion=confusion, merged=merged,
+        stable_agreement=stable_agreement, n_stable=n_stable, stability_threshold=STABLE,
     )
 
 

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--bootstrap", type=int, default=1000)
     a.add_argument("--text-column", default="text")
     a.add_argument("--separator", default=None, help="document separator line in .txt files")
+    a.add_argument("--doc-boundary", default="auto", help="auto | bos | eos | sep | none")
+    a.add_argument("--boundary-token", default=None, help="token placed between documents")
+    a.add_argument("--regime-rule", default="single", help="single | lumped")
     a.add_argument("--report", action="store_true", help="also build the HTML report")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -153,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device, dtype=args.dtype, batch_size=args.batch_size,
             chunk_size=args.chunk_size, bootstrap=args.bootstrap,
             text_column=args.text_column, separator=args.separator,
+            doc_boundary=args.doc_boundary, boundary_token=args.boundary_token,
+            regime_rule=args.regime_rule,
         )
         _print_headline(res)
         _print_skips(res.manifest.get("counts", {}))
@@ -202,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
             n_eval_windows=args.n_eval_windows, device=args.device, dtype=args.dtype,
             overwrite=args.overwrite,
         )
-        _print_table(res["restrict_nstar"], None)
+        print(format_nstar(res))
         _print_out(res)
         return 0
     if args.command == "check":
@@ -265,6 +270,19 @@ def format_headline(df) -> str:
     return "\n".join(lines)
 
 
+def format_nstar(res) -> str:
+    """N*_tau by tau and renormalisation; "> N" where no N of the grid qualified."""
+    ns = res["restrict_nstar"]
+    largest = int(res["restrict"]["n"].max())
+    ns = ns[ns["scope"] == "model"] if (ns["scope"] == "model").any() else ns
+    cells = ns.assign(value=[f"> {largest}" if s == "above_grid" else f"{v:.0f}"
+                             for v, s in zip(ns["n_star"], ns["n_star_status"], strict=True)])
+    table = cells.pivot_table(index="tau", columns="renormalize", values="value",
+                              aggfunc="first")
+    table.columns = [f"renormalize={c}" for c in table.columns]
+    return table.to_string()
+
+
 def _print_demo(out: dict) -> None:
     for name, table in out["headline"].items():
         print(f"\n== {name} ==")
@@ -279,9 +297,7 @@ def _print_demo(out: dict) -> None:
     print(pr.pivot_table(index="keep_fraction", columns="ranker", values="perplexity")
           .to_string(float_format=lambda x: f"{x:.3f}"))
     print("\n== top-N restriction: effective set size N*_tau (whole model) ==")
-    ns = out["restrict"]["restrict_nstar"]
-    print(ns.pivot_table(index="tau", columns="renormalize", values="n_star")
-          .to_string(float_format=lambda x: f"{x:.0f}"))
+    print(format_nstar(out["restrict"]))
     print()
     for name, path in out["runs"].items():
         print(f"results ({name}): {path}")

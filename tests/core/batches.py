@@ -13,10 +13,11 @@ def causal(qpos: torch.Tensor, t: int) -> torch.Tensor:
     return (torch.arange(t)[None, :] <= qpos[:, None])[None]
 
 
-def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None):
+def batch_of(values, alpha, qpos, *, window=0, layer=0, visible=None, stats=None, tokens=None):
     """An AttentionBatch with causal visibility unless ``visible`` is given."""
     vis = causal(qpos, values.shape[1]) if visible is None else visible
-    return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values))
+    return AttentionBatch(window, layer, alpha, vis, qpos, stats or ValueStats(values),
+                          tokens=tokens)
 
 
 def assert_columns_equal(

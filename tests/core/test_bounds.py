@@ -378,7 +378,7 @@ def test_bounds_accumulator_fit_by_hand() -> None:
     / sqrt2 * 2 -> norms 2, 2, 2: kappa = 4. Non-sink |cos|: 0, 1/sqrt2, 1/sqrt2; sink cos
     1, 0, 1/sqrt2 (mean 0.569). With quantile 0.5 and 100 bins mu = 0.71 (the upper edge
     of the bin holding 0.7071), so nothing exceeds it; the fitted sink cosine is positive
-    and no sink cosine is negative: violation_rate 0."""
+    and no sink cosine is negative: no violation of either kind."""
     v = torch.tensor([[[0.5, 0, 0], [2.0, 0, 0], [0, 2.0, 0], [math.sqrt(2), math.sqrt(2), 0]]])
     alpha = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]])
     acc = BoundsAccumulator([1, 2], quantile=0.5, bins=100)
@@ -388,16 +388,20 @@ def test_bounds_accumulator_fit_by_hand() -> None:
     assert out["kappa"].tolist() == pytest.approx([4.0, 4.0])
     assert out["mu"].tolist() == pytest.approx([0.71, 0.71])
     assert out["sink_cos"][0] == pytest.approx((1 + 0 + 1 / math.sqrt(2)) / 3)
-    assert out["violation_rate"].tolist() == [0.0, 0.0]
-    assert out["violation_max"].tolist() == [0.0, 0.0]
+    assert out["mu_quantile"].tolist() == [0.5, 0.5]
+    for kind in ("pair", "sink_cos"):
+        assert out[f"{kind}_violation_rate"].tolist() == [0.0, 0.0]
+        assert out[f"{kind}_violation_max"].tolist() == [0.0, 0.0]
     assert np.isnan(out["precision_measured"]).all() and np.isnan(out["f_measured"]).all()
-    # quantile 0.3 puts mu at 0.01 (bin of the 0): two of the six measured pairs exceed it
+    # quantile 0.3 puts mu at 0.01 (bin of the 0): two of the three non-sink pairs exceed
+    # it; the sink cosines, all >= 0 beside a positive fit, violate nothing
     acc = BoundsAccumulator([1], quantile=0.3, bins=100)
     acc.update(batch_of(v, alpha, torch.tensor([3])))
     out = acc.compute()
-    assert out["mu"][0] == pytest.approx(0.01)
-    assert out["violation_rate"][0] == pytest.approx(2 / 6)
-    assert out["violation_max"][0] == pytest.approx(1 / math.sqrt(2) - 0.01)
+    assert out["mu"][0] == pytest.approx(0.01) and out["mu_quantile"][0] == 0.3
+    assert out["pair_violation_rate"][0] == pytest.approx(2 / 3)
+    assert out["pair_violation_max"][0] == pytest.approx(1 / math.sqrt(2) - 0.01)
+    assert out["sink_cos_violation_rate"][0] == 0.0
 
 
 def test_bounds_accumulator_sink_sign_violation() -> None:
@@ -407,10 +411,11 @@ def test_bounds_accumulator_sink_sign_violation() -> None:
     acc.update(batch_of(v, torch.full((1, 1, 4), 0.25), torch.tensor([3])))
     out = acc.compute()
     assert out["sink_cos"][0] == pytest.approx((-1 - 1 + 0.6) / 3)
-    # quantile 1 = largest |cos| (1.0): no non-sink violation; 1 of 3 + 3 pairs violates
+    # quantile 1 = largest |cos| (1.0): no non-sink violation; 1 of the 3 sink cosines
     assert out["mu"][0] == pytest.approx(1.0)
-    assert out["violation_rate"][0] == pytest.approx(1 / 6)
-    assert out["violation_max"][0] == pytest.approx(0.6)
+    assert out["pair_violation_rate"][0] == 0.0
+    assert out["sink_cos_violation_rate"][0] == pytest.approx(1 / 3)
+    assert out["sink_cos_violation_max"][0] == pytest.approx(0.6)
 
 
 def test_bounds_accumulator_envelope_uses_profile() -> None:

@@ -11,13 +11,14 @@ import torch
 from attngeom.core.batch import ValueStats
 from attngeom.core.sink import (
     SINK_COLUMNS,
-    SINK_POSITION_COLUMNS,
+    SINK_TOKEN_COLUMNS,
     SinkAccumulator,
     sink_query_stats,
     sink_value_stats,
 )
 from attngeom.errors import ConfigError
 from tests.core.batches import assert_columns_equal, batch_of, causal
+from tests.reference_sinks import reference_detected, reference_position0, reference_sink_tokens
 
 
 def test_value_stats_by_hand() -> None:
@@ -107,7 +108,7 @@ def test_accumulator_gqa_heads_read_their_kv_head() -> None:
     assert out["sink_mass"].tolist() == pytest.approx(alpha[:, 0, 0].tolist())
 
 
-def _windows(seed: int, count: int, t: int = 8):
+def _windows(seed: int, count: int, t: int = 24, vocab: int = 5):
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
@@ -116,7 +117,8 @@ def _windows(seed: int, count: int, t: int = 8):
         vis = causal(qpos, t)
         alpha = torch.softmax((torch.randn(4, t - 1, t, generator=gen) * 2)
                               .masked_fill(~vis, float("-inf")), -1)
-        out.append((v, alpha, qpos))
+        tokens = torch.randint(0, vocab, (t,), generator=gen)
+        out.append((v, alpha, qpos, tokens))
     return out
 
 
@@ -126,72 +128,154 @@ def _equal(a: dict, b: dict) -> None:
 
 def test_merge_and_chunks_equal_one_run() -> None:
     wins = _windows(3, 4)
-    whole = SinkAccumulator([1, 2, 7, 9], min_share=0.0, min_ratio=1.0)
-    for w, (v, a, q) in enumerate(wins):
-        whole.update(batch_of(v, a, q, window=w, layer=1))
-    shards = [SinkAccumulator([1, 2, 7, 9], min_share=0.0, min_ratio=1.0) for _ in range(2)]
-    for w, (v, a, q) in enumerate(wins):
+    kw = {"min_share": 0.0, "min_lift": 1.0, "min_distance": 4}
+    whole = SinkAccumulator([1, 2, 7, 9], **kw)
+    for w, (v, a, q, tok) in enumerate(wins):
+        whole.update(batch_of(v, a, q, window=w, layer=1, tokens=tok))
+    shards = [SinkAccumulator([1, 2, 7, 9], **kw) for _ in range(2)]
+    for w, (v, a, q, tok) in enumerate(wins):
         stats = ValueStats(v)
         for part in torch.tensor_split(torch.arange(q.numel()), 3):
             shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, layer=1,
-                                          stats=stats))
+                                          stats=stats, tokens=tok))
     half = shards[0].compute()
     merged = shards[0].merge(shards[1])
     _equal(merged.compute(), whole.compute())
-    _equal(merged.compute_positions(), whole.compute_positions())
-    assert len(whole.compute_positions()["position"]) > 0
+    _equal(merged.compute_tokens(), whole.compute_tokens())
+    assert (whole.compute_tokens()["position"] == -1).sum() > 0
     assert not np.allclose(half["sink_mass"], merged.compute()["sink_mass"])
-    assert set(merged.tables()) == {"sink", "sink_positions"}
+    assert set(merged.tables()) == {"sink", "sink_tokens"}
     with pytest.raises(ConfigError, match="disjoint"):
         merged.merge(shards[1])
     with pytest.raises(ConfigError, match="n_grid"):
         SinkAccumulator([1]).merge(SinkAccumulator([2]))
 
 
-def test_sink_positions_detects_a_second_sink() -> None:
-    """Head 0 puts half its mass on position 5 ([SEP]-like) at every query; head 1 is
-    uniform: only (head 0, position 5) is reported, with its mass share."""
-    t = 12
-    qpos = torch.arange(t)
-    vis = torch.ones(1, t, t, dtype=torch.bool)  # an encoder: every key visible
-    alpha = torch.full((2, t, t), 1.0 / t)
-    alpha[0] = 0.5 / (t - 1)
-    alpha[0, :, 5] = 0.5
-    v = torch.randn(1, t, 4, generator=torch.Generator().manual_seed(0))
+def _reference_windows(wins, head: int, encoder: bool = False):
+    out = []
+    for v, a, q, tok in wins:
+        t = v.shape[1]
+        vis = (torch.ones(q.numel(), t, dtype=torch.bool) if encoder
+               else causal(q, t)[0])
+        rows = {int(q[i]): (a[head, i].tolist(), vis[i].tolist()) for i in range(q.numel())}
+        out.append({"tokens": tok.tolist(), "rows": rows})
+    return out
+
+
+@pytest.mark.parametrize("encoder", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sink_tokens_equal_the_reference(seed: int, encoder: bool) -> None:
+    """Every pooled statistic of every head and token equals the loop reference, with
+    planted sinks (a token taking half the attention) so that some are detected."""
+    gen = torch.Generator().manual_seed(seed)
+    t, dist = 40, 16
+    wins = []
+    for _ in range(3):
+        v = torch.randn(2, t, 3, generator=gen)
+        qpos = torch.arange(t) if encoder else torch.arange(1, t)
+        vis = (torch.ones(1, qpos.numel(), t, dtype=torch.bool) if encoder
+               else causal(qpos, t))
+        logits = torch.randn(4, qpos.numel(), t, generator=gen)
+        tokens = torch.randint(0, 6, (t,), generator=gen)
+        tokens[torch.randint(1, t, (2,), generator=gen)] = 99  # planted sink token
+        logits[:2] += 4.0 * (tokens == 99).float()  # heads 0 and 1 sink into it
+        alpha = torch.softmax(logits.masked_fill(~vis, float("-inf")), -1)
+        wins.append((v, alpha, qpos, tokens))
+    acc = SinkAccumulator([1], min_distance=dist)
+    for w, (v, a, q, tok) in enumerate(wins):
+        vis = torch.ones(1, q.numel(), t, dtype=torch.bool) if encoder else None
+        acc.update(batch_of(v, a, q, window=w, tokens=tok, visible=vis))
+    out = acc.compute_tokens()
+    assert list(out) == list(SINK_TOKEN_COLUMNS)
+    found = []
+    for head in range(4):
+        ref_windows = _reference_windows(wins, head, encoder)
+        ref = reference_sink_tokens(ref_windows, min_distance=dist, causal=not encoder)
+        zero = reference_position0(ref_windows, min_distance=dist, causal=not encoder)
+        mine = out["head"] == head
+        rows = {int(tok): i for i, tok in enumerate(out["token_id"]) if mine[i]
+                and out["position"][i] == -1}
+        assert sorted(rows) == reference_detected(ref)
+        for tok, i in rows.items():
+            for key in ("mean_share", "uniform_share", "lift"):
+                assert out[key][i] == pytest.approx(ref[tok][key], rel=1e-12)
+            assert out["pairs"][i] == ref[tok]["pairs"]
+            assert out["occurrences"][i] == ref[tok]["occurrences"]
+        line = int(np.flatnonzero(mine & (out["position"] == 0))[0])
+        assert out["pairs"][line] == zero["pairs"]
+        assert out["occurrences"][line] == zero["occurrences"]
+        assert out["mean_share"][line] == pytest.approx(zero["mean_share"], rel=1e-12)
+        assert out["lift"][line] == pytest.approx(zero["lift"], rel=1e-12)
+        found.append(bool(rows))
+    assert found[0] and found[1]  # the planted sink is found in the sinking heads
+
+
+def test_planted_mid_window_sink_is_found_and_previous_token_head_gives_none() -> None:
+    """Head 0 puts 0.6 of every query's attention on a separator token that sits at a
+    different position in each window; head 1 is a strict previous-token head (0.9 on
+    t - 1). Only the separator is detected, in head 0; the previous-token head's large
+    alphas are all within 16 positions of their query, so they never count."""
+    t = 64
+    sep = 7
     acc = SinkAccumulator([1])
-    for w in range(2):
-        acc.update(batch_of(v, alpha, qpos, window=w, visible=vis))
-    pos = acc.compute_positions()
-    assert list(pos) == list(SINK_POSITION_COLUMNS)
-    assert pos["head"].tolist() == [0] and pos["position"].tolist() == [5]
-    assert pos["mass_share"].tolist() == pytest.approx([0.5])
-    assert pos["n_windows"].tolist() == [2]
+    gen = torch.Generator().manual_seed(0)
+    for w, at in enumerate((5, 11, 20)):
+        qpos = torch.arange(1, t)
+        vis = causal(qpos, t)
+        tokens = torch.randint(10, 40, (t,), generator=gen)
+        tokens[at] = sep
+        alpha = torch.zeros(2, qpos.numel(), t)
+        for i, q in enumerate(qpos.tolist()):
+            seen = q + 1
+            alpha[0, i, : q + 1] = (0.4 if q >= at else 1.0) / (seen - (q >= at))
+            if q >= at:
+                alpha[0, i, at] = 0.6
+            alpha[1, i, : q + 1] = 0.1 / max(q, 1)
+            alpha[1, i, q - 1] = 0.9 if q >= 1 else 1.0
+        alpha[1] = alpha[1] / alpha[1].sum(-1, keepdim=True)
+        v = torch.randn(1, t, 2, generator=gen)
+        acc.update(batch_of(v, alpha, qpos, window=w, visible=vis, tokens=tokens))
+    out = acc.compute_tokens()
+    found = [(int(h), int(tok)) for h, tok, p in
+             zip(out["head"], out["token_id"], out["position"], strict=True) if p == -1]
+    assert found == [(0, sep)]
+    i = found.index((0, sep))
+    row = np.flatnonzero(out["position"] == -1)[i]
+    assert out["mean_share"][row] == pytest.approx(0.6)
+    assert out["occurrences"][row] == 3
+    assert out["n_windows"][row] == 3
 
 
-def test_sink_positions_relative_to_uniform_in_causal_rows() -> None:
-    """All-query causal rows that are uniform give early keys large alphas; measured against
-    uniform they are not sinks."""
-    t = 10
-    qpos = torch.arange(t)
-    vis = causal(qpos, t)
-    alpha = vis.to(torch.float32) / vis.sum(-1, keepdim=True)
-    v = torch.randn(1, t, 2, generator=torch.Generator().manual_seed(0))
-    acc = SinkAccumulator([1], min_share=0.0, min_ratio=1.5)
-    acc.update(batch_of(v, alpha, qpos))
-    assert acc.compute_positions()["position"].tolist() == []
+def test_sink_tokens_without_tokens_and_mixed_window_starts() -> None:
+    """No token ids given: no sink_tokens rows. Windows starting with different tokens:
+    the position-0 line has token id -1."""
+    v = torch.randn(1, 20, 2)
+    q = torch.arange(17, 20)
+    alpha = torch.softmax(torch.randn(2, 3, 20), -1)
+    acc = SinkAccumulator([1], min_distance=2)
+    acc.update(batch_of(v, alpha, q))
+    assert all(len(x) == 0 for x in acc.compute_tokens().values())
+    acc = SinkAccumulator([1], min_distance=2)
+    for w, first in enumerate((3, 4)):
+        tok = torch.arange(20)
+        tok[0] = first
+        acc.update(batch_of(v, alpha, q, window=w, tokens=tok))
+    out = acc.compute_tokens()
+    assert out["token_id"][out["position"] == 0].tolist() == [-1, -1]
 
 
 def test_empty_and_bad_arguments() -> None:
     acc = SinkAccumulator([1, 2])
     assert all(len(x) == 0 for x in acc.compute().values())
-    assert all(len(x) == 0 for x in acc.compute_positions().values())
+    assert all(len(x) == 0 for x in acc.compute_tokens().values())
     for bad in ([], [0], [1, 1]):
         with pytest.raises(ConfigError, match="n_grid"):
             SinkAccumulator(bad)
     with pytest.raises(ConfigError, match="min_share"):
         SinkAccumulator([1], min_share=2.0)
+    with pytest.raises(ConfigError, match="min_distance"):
+        SinkAccumulator([1], min_distance=0)
     v = torch.randn(1, 4, 2)
     acc.update(batch_of(v, torch.full((2, 1, 4), 0.25), torch.tensor([3])))
     with pytest.raises(ConfigError, match="heads"):
         acc.update(batch_of(v, torch.full((1, 1, 4), 0.25), torch.tensor([3]), window=1))
-

@@ -234,3 +234,104 @@ def test_bad_kv_mapping_and_head_count() -> None:
     with pytest.raises(ConfigError, match="heads"):
         acc.update(batch_of(v, torch.full((4, 1, 4), 0.25), torch.tensor([3])))
 
+
+
+# --------------------------------------------------------------------------- single source
+
+
+def _structured_windows(seed: int, count: int, t: int = 12, heads: int = 6):
+    """Windows whose heads prefer (0) self, (1) the sink, (2) the previous token,
+    (3) a fixed position 2, (4, 5) random keys: every regime and source kind occurs."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        v = torch.randn(2, t, 3, generator=gen) + 0.5
+        qpos = torch.arange(1, t)
+        vis = causal(qpos, t)
+        logits = torch.randn(heads, qpos.numel(), t, generator=gen)
+        rows = torch.arange(qpos.numel())
+        bump = 2.5 + torch.rand(qpos.numel(), generator=gen) * 2
+        logits[0, rows, qpos] += bump
+        logits[1, :, 0] += bump
+        logits[2, rows, qpos - 1] += bump
+        logits[3, rows[qpos >= 2], 2] += bump[qpos >= 2]
+        alpha = torch.softmax(logits.masked_fill(~vis, -math.inf), -1)
+        out.append((v, alpha, qpos))
+    return out
+
+
+def _reference_windows(wins, head: int):
+    out = []
+    for v, a, q in wins:
+        t = v.shape[1]
+        norms = v[head * v.shape[0] // a.shape[0]].double().norm(dim=-1).tolist()
+        vis = causal(q, t)[0]
+        rows = {int(q[i]): (a[head, i].double().tolist(), vis[i].tolist())
+                for i in range(q.numel())}
+        out.append({"T": t, "norms": norms, "rows": rows})
+    return out
+
+
+@pytest.mark.parametrize("rule", ["single", "lumped"])
+@pytest.mark.parametrize("counted", ["final", "half"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_single_source_taxonomy_equals_the_reference(rule, counted, seed) -> None:
+    """Regime, shares, top source and label stability of every head equal the loop
+    reference written from SPEC 4, with query chunks and two shards merged."""
+    from attngeom.core.stats import bootstrap_indices
+    from tests.reference_taxonomy import reference_head_taxonomy
+
+    wins = _structured_windows(seed, 7)
+    n_boot = 64
+    shards = [TaxonomyAccumulator(counted=counted, rule=rule, n_boot=n_boot, seed=seed)
+              for _ in range(2)]
+    for w, (v, a, q) in enumerate(wins):
+        stats = ValueStats(v)
+        for part in torch.tensor_split(torch.arange(q.numel()), 3):
+            shards[w % 2].update(batch_of(v, a[:, part], q[part], window=10 + w, stats=stats))
+    out = shards[0].merge(shards[1]).compute()
+    resamples = bootstrap_indices(len(wins), n_boot, seed).tolist()
+    regimes = set()
+    for head in range(6):
+        ref = reference_head_taxonomy(_reference_windows(wins, head), counted=counted,
+                                      rule=rule, resamples=resamples)
+        assert out["regime"][head] == ref["regime"], head
+        regimes.add(ref["regime"])
+        assert out["n_queries"][head] == ref["n_queries"]
+        for key in ("f_self", "f_sink", "f_other", "winning_share", "runner_up_share",
+                    "top_source_share", "stability"):
+            assert out[key][head] == pytest.approx(ref[key], rel=1e-12, nan_ok=True), key
+        assert out["top_source_kind"][head] == ref["top_source_kind"]
+        assert out["top_source"][head] == ref["top_source"]
+        assert out["regime_rule"][head] == rule
+    if rule == "single":
+        assert regimes == {"Retriever", "Mixer", "Reset"}
+
+
+def test_previous_token_head_reads_offset_one_and_counted_half() -> None:
+    """A previous-token head is a Reset whose top other source is offset 1; under the
+    lumped rule a spread-out head wins by count, under the single rule it does not.
+    With counted="half" the rows t < T/2 do not count."""
+    wins = _structured_windows(5, 4, t=16)
+    acc = TaxonomyAccumulator(counted="half", n_boot=20)
+    for w, (v, a, q) in enumerate(wins):
+        acc.update(batch_of(v, a, q, window=w))
+    out = acc.compute()
+    assert out["regime"][2] == "Reset"
+    assert (out["top_source_kind"][2], out["top_source"][2]) == ("offset", 1)
+    assert out["n_queries"].tolist() == [4 * 8] * 6  # t = 8..15 of each window
+    assert (out["top_source_kind"][3], out["top_source"][3]) == ("position", 2)
+    assert 0.0 <= out["stability"].min() and out["stability"].max() <= 1.0
+
+
+def test_stability_is_nan_without_bootstrap_and_bad_options() -> None:
+    v, alpha, qpos = constructed_heads()
+    acc = TaxonomyAccumulator(n_boot=0)
+    acc.update(batch_of(v, alpha, qpos))
+    assert np.isnan(acc.compute()["stability"]).all()
+    with pytest.raises(ConfigError, match="regime_rule"):
+        TaxonomyAccumulator(rule="plurality")
+    with pytest.raises(ConfigError, match="counted"):
+        TaxonomyAccumulator(counted="late")
+    with pytest.raises(ConfigError, match="counted, rule"):
+        TaxonomyAccumulator(rule="single").merge(TaxonomyAccumulator(rule="lumped"))

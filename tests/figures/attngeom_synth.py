@@ -19,7 +19,7 @@ HEADS = 4
 N_GRID = (1, 2, 4, 8, 16)
 WINDOWS = 3
 RULES = ("attention", "contribution", "random")
-ALL_TABLES = ("metrics", "summary", "sink", "sink_positions", "taxonomy", "bounds",
+ALL_TABLES = ("metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds",
               "assumptions", "pruning", "rankings", "head_scan", "restrict", "restrict_nstar")
 
 
@@ -84,8 +84,15 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
          "f_full_sink_unselected": 0.7, "f_nosink_sink_selected": 0.75,
          "f_nosink_sink_unselected": 0.72, "n_windows": WINDOWS}
         for l, h in lh for n in N_GRID])
-    sink_positions = pd.DataFrame([{**mc, "layer": 1, "head": 2, "position": 5,
-                                    "mass_share": 0.3, "n_windows": 2}])
+    token_rows = [{**mc, "layer": l, "head": h, "position": 0, "token_id": 1, "token": "<s>",
+                   "occurrences": WINDOWS, "pairs": 40, "mean_share": 0.2 + 0.1 * l,
+                   "uniform_share": 0.02, "lift": 10.0 + 5 * l, "detected": True,
+                   "n_windows": WINDOWS} for l, h in lh]
+    token_rows.append({**mc, "layer": 1, "head": 2, "position": -1, "token_id": 13,
+                       "token": "'.'", "occurrences": 7, "pairs": 90, "mean_share": 0.3,
+                       "uniform_share": 0.02, "lift": 15.0, "detected": True,
+                       "n_windows": WINDOWS})
+    sink_tokens = pd.DataFrame(token_rows)
 
     regimes = ["Mixer", "Reset", "Retriever", "Mixer"]
     tax_rows = []
@@ -96,7 +103,11 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         tax_rows.append({**mc, "layer": l, "head": h, "n_queries": 40, "f_self": fr[0],
                          "f_sink": fr[1], "f_other": fr[2], "offset_entropy": 1.2,
                          "sink_alignment": 0.4, "self_alignment": 0.3,
-                         "mean_output_norm": 1.0 + l, "regime": regime})
+                         "mean_output_norm": 1.0 + l, "regime": regime,
+                         "regime_rule": "single", "winning_share": max(fr),
+                         "runner_up_share": sorted(fr)[1], "top_source_kind": "offset",
+                         "top_source": 1, "top_source_share": fr[2],
+                         "stability": 0.5 if (l, h) == (1, 1) else 0.95})
     taxonomy = pd.DataFrame(tax_rows)
 
     bounds = pd.DataFrame([
@@ -105,8 +116,9 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
          "f_envelope": max(0.0, 1 - 0.11 * n), "certified": n <= 4,
          "largest_certified_n": 4, "precision_measured": _base_f("attention", n, l) + 0.05,
          "recall_measured": _base_f("attention", n, l) - 0.05,
-         "f_measured": _base_f("attention", n, l), "violation_rate": 0.01 * h,
-         "violation_max": 0.02 * h}
+         "f_measured": _base_f("attention", n, l), "mu_quantile": 0.99,
+         "pair_violation_rate": 0.01, "pair_violation_max": 0.02 * h,
+         "sink_cos_violation_rate": 0.01 * h, "sink_cos_violation_max": 0.03 * h}
         for l, h in lh for n in N_GRID])
     assumptions = pd.DataFrame([
         {**mc, "layer": l, "head": h, "norm_cv": 0.2, "sink_norm_ratio": 3.0 + l,
@@ -149,10 +161,11 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
     restrict = pd.DataFrame(restrict_rows)
     restrict_nstar = pd.DataFrame([
         {**mc, "scope": "model", "layer": -1, "head": -1, "renormalize": renorm, "tau": tau,
-         "n_star": ns}
-        for renorm, tau, ns in ((True, 0.05, 16), (True, 0.1, 8), (False, 0.1, 16))])
+         "n_star": ns, "n_star_status": "above_grid" if ns != ns else "within_grid"}
+        for renorm, tau, ns in ((True, 0.05, 16), (True, 0.1, 8), (False, 0.1, 16),
+                                (False, 0.05, float("nan")))])
     return {"metrics": metrics, "summary": summary, "sink": sink,
-            "sink_positions": sink_positions, "taxonomy": taxonomy, "bounds": bounds,
+            "sink_tokens": sink_tokens, "taxonomy": taxonomy, "bounds": bounds,
             "assumptions": assumptions, "pruning": pruning, "rankings": rankings,
             "head_scan": head_scan, "restrict": restrict, "restrict_nstar": restrict_nstar}
 

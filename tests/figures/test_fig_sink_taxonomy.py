@@ -60,7 +60,21 @@ def test_regime_map_codes_and_legend(tables):
         assert grid[row.layer, row.head] == REGIME_CODES[row.regime]
     np.testing.assert_array_equal(np.asarray(d.images[0].get_array()), grid)
     assert [t.get_text() for t in d.legend.get_texts()] == ["Retriever", "Mixer", "Reset",
-                                                            "none"]
+                                                            "none", "stability < 0.8"]
+
+
+def test_regime_map_marks_unstable_labels(tables):
+    """A label kept in fewer than 80% of bootstrap resamples is drawn faded and hatched:
+    exactly the heads with stability < 0.8, and nothing when every label is stable."""
+    tax = tables["taxonomy"].copy()
+    d = fig_regime_map(tax)
+    assert d.data["unstable"] == [(1, 1)]
+    hatched = [p for p in d.ax.patches if p.get_hatch()]
+    assert len(hatched) == 1 and hatched[0].get_xy() == (0.5, 0.5)
+    tax["stability"] = 1.0
+    d = fig_regime_map(tax)
+    assert d.data["unstable"] == [] and not [p for p in d.ax.patches if p.get_hatch()]
+    assert "stability" not in " ".join(t.get_text() for t in d.legend.get_texts())
 
 
 def test_regime_shares_sum_to_one(tables):

@@ -265,12 +265,11 @@ def test_cached_dataset_rows(monkeypatch):
 def test_special_token_frames(stories_tok, minilm_tok):
     assert special_token_frame(stories_tok) == ([stories_tok.bos_token_id], [])
     assert special_token_frame(minilm_tok) == ([minilm_tok.cls_token_id], [minilm_tok.sep_token_id])
-    assert special_token_frame(minilm_tok, add_bos=False) == ([101], [102])
-    with pytest.raises(ConfigError, match="add_bos=True"):
-        special_token_frame(minilm_tok, add_bos=True)
 
 
-def test_windows_llama_bos_and_packing(stories_tok, tinystories):
+def test_windows_llama_bos_at_every_document_start(stories_tok, tinystories):
+    """SPEC 7: llama2.c models saw BOS at every story start and never EOS. Every window
+    starts with BOS, BOS marks every document start inside a window, EOS never occurs."""
     docs, _ = tinystories
     T = 128
     t0 = time.perf_counter()
@@ -278,22 +277,48 @@ def test_windows_llama_bos_and_packing(stories_tok, tinystories):
     assert time.perf_counter() - t0 < 20  # the whole 2 MiB sample (measured ~1-2 s)
     assert len(windows) > 100
     assert [w.index for w in windows] == list(range(len(windows)))
+    bos, eos = stories_tok.bos_token_id, stories_tok.eos_token_id
     for w in windows:
         assert w.input_ids.dtype == torch.long and w.input_ids.shape == (T,)
-        assert w.input_ids[0].item() == stories_tok.bos_token_id
-        assert (w.input_ids[1:] != stories_tok.bos_token_id).all()  # BOS only at 0
-    # Content: the documents' tokens in order, EOS between documents, T-1 a window.
+        assert w.input_ids[0].item() == bos
+        assert torch.equal(w.special, w.input_ids == bos)
+    everything = torch.cat([w.input_ids for w in windows])
+    assert not (everything == eos).any()
+    # the stream: BOS + document tokens for every document; a window that does not start
+    # at a document start gets its own BOS and continues the stream
+    stream = []
+    for d in docs[:60]:
+        stream += [bos] + stories_tok(d, add_special_tokens=False)["input_ids"]
+    p = 0
+    for w in windows[:20]:
+        ids = w.input_ids.tolist()
+        if stream[p] == bos:
+            assert ids == stream[p : p + T]
+            p += T
+        else:
+            assert ids == [bos] + stream[p : p + T - 1]
+            p += T - 1
+    assert sum(bool((w.input_ids[1:] == bos).any()) for w in windows) > 50  # inside windows
+    text = stories_tok.decode(windows[0].input_ids[1:])
+    assert text.startswith("One day, a little girl named Lily found a needle")
+
+
+def test_override_eos_reproduces_the_separator_joined_windows(stories_tok, tinystories):
+    """--doc-boundary eos: the tokenizer's own BOS frame, documents joined with EOS (how
+    the first release cut windows, kept to compare)."""
+    from attngeom.pipeline.windows import boundary_policy
+
+    docs, _ = tinystories
+    policy = boundary_policy(stories_tok, "eos")
+    assert (policy.kind, policy.token_id, policy.prefix) == ("eos", 2, (1,))
+    windows = make_windows(docs[:40], stories_tok, 64, policy=policy)
     stream = []
     for i, d in enumerate(docs[:40]):
         if i:
             stream.append(stories_tok.eos_token_id)
         stream += stories_tok(d, add_special_tokens=False)["input_ids"]
-    for w in windows[:20]:
-        i = w.index
-        assert w.input_ids[1:].tolist() == stream[i * (T - 1) : (i + 1) * (T - 1)]
-    assert (torch.cat([w.input_ids for w in windows]) == stories_tok.eos_token_id).any()
-    text = stories_tok.decode(windows[0].input_ids[1:])
-    assert text.startswith("One day, a little girl named Lily found a needle")
+    for w in windows[:10]:
+        assert w.input_ids.tolist() == [1] + stream[w.index * 63 : (w.index + 1) * 63]
 
 
 def test_windows_bert_cls_sep(minilm_tok, tinystories):
@@ -308,7 +333,7 @@ def test_windows_bert_cls_sep(minilm_tok, tinystories):
         assert (ids[1:-1] != minilm_tok.cls_token_id).all()
     first = minilm_tok(docs[0], add_special_tokens=False)["input_ids"]
     assert windows[0].input_ids[1:-1].tolist() == first[:62]
-    # BERT has no EOS: documents are joined with [SEP].
+    # documents inside a window are joined with [SEP], the segment boundary BERT saw
     both = make_windows(["a b c", "d e f"], minilm_tok, 9)[0].input_ids.tolist()
     ids = minilm_tok("a b c", add_special_tokens=False)["input_ids"] + [102] + \
         minilm_tok("d e f", add_special_tokens=False)["input_ids"]

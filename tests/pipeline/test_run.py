@@ -45,7 +45,7 @@ def test_tables_and_manifest(small_run) -> None:
     out = small_run.out_dir
     manifest = read_manifest(out)
     assert set(manifest["tables"]) == {
-        "metrics", "summary", "sink", "sink_positions", "taxonomy", "bounds", "assumptions",
+        "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
     }
     for name in manifest["tables"]:
         df = read_table(out, name)
@@ -148,10 +148,12 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
                       progress=False, analyses=("metrics", "sink", "taxonomy", "bounds"))
     m = res["metrics"]
     assert m["layer"].nunique() == 6 and m["head"].nunique() == 12
-    # every row of an encoder sees all 32 keys: N = 31 is valid, N = 32 never
+    # every row of an encoder sees all 32 keys: N = 31 is valid, N = 32 never; the 30
+    # content positions are the queries, [CLS] and [SEP] never (SPEC 2)
     full = m[(m["variant"] == "full") & (m["rule"] == "attention")]
-    assert (full[full["n"] == 31]["n_queries"] == 32).all()
+    assert (full[full["n"] == 31]["n_queries"] == 30).all()
     assert (full[full["n"] == 32]["n_queries"] == 0).all()
+    assert res.manifest["corpus"]["boundary_policy"]["kind"] == "sep"
     assert res.manifest["model"]["is_causal"] is False
     # the paper's sink signature in the middle layers: a value several times shorter than
     # the rest, a large attention mass, and F_N lower when the sink is selected

@@ -36,7 +36,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "attngeom" / "results"
 STORIES_HF = Path(__file__).resolve().parents[2].parent / "shared" / "assets" / "stories260K-hf"
 
 INTERNALS_TABLES = (
-    "metrics", "summary", "sink", "sink_positions", "taxonomy", "bounds", "assumptions",
+    "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
     "pruning", "rankings", "head_scan", "restrict", "restrict_nstar",
 )
 

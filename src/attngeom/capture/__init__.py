@@ -18,7 +18,7 @@ from attngeom.capture.interface import (
     repeat_kv,
 )
 from attngeom.capture.layout import Layout, attention_output_projections, model_layout
-from attngeom.capture.loading import load_model
+from attngeom.capture.loading import cache_dir, load_model, load_tokenizer, resolve_source
 from attngeom.capture.tolerances import TOLERANCES, Tolerance, tolerance_for
 
 __all__ = [
@@ -30,12 +30,15 @@ __all__ = [
     "Layout",
     "Tolerance",
     "attention_output_projections",
+    "cache_dir",
     "capture_attention",
     "check_model",
     "has_override",
     "load_model",
+    "load_tokenizer",
     "model_layout",
     "override_attention",
     "repeat_kv",
+    "resolve_source",
     "tolerance_for",
 ]

@@ -14,7 +14,8 @@ consumer, while the model's output stays that of its own implementation:
   analysed query rows only, with the same rows of the same mask, so scaling,
   softcapping, sliding windows, padding and GQA are exactly the model's
   ("probabilities only where analysed", SPEC 8). ``chunk_size`` bounds the
-  memory to chunk x T per head.
+  memory to chunk x T per head. Probabilities are float32 before any rounding to
+  a bf16/fp16 model's dtype (SPEC 7, ``AttentionCall.eager_float32``).
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def _capture_handler(
         if call.previous_is_eager:
             # The eager function is the output path anyway: its full probabilities
             # are the model's, and slicing them costs nothing extra.
-            output, weights = call.eager()
+            output, weights, probs = call.eager_float32()
             for chunk in chunks:
-                alpha = weights.index_select(2, chunk).detach().to(torch.float32)
+                alpha = probs.index_select(2, chunk).detach()
                 _emit(consumer, call, alpha, values, chunk)
             return output, weights
         output = call.previous()
@@ -106,7 +107,7 @@ def _capture_handler(
                 # the model actually used, which that override returned
                 weights = output[1].index_select(2, chunk)
             else:
-                _, weights = call.eager(chunk)
+                weights = call.eager_float32(chunk)[2]
             _emit(consumer, call, weights.detach().to(torch.float32), values, chunk)
         return output
 

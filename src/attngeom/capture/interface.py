@@ -174,6 +174,30 @@ class AttentionCall:
             self.module, query, self.key, self.value, self.additive_mask(rows), **kwargs
         )
 
+    def eager_float32(
+        self, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``eager(rows)`` plus its probabilities in float32 before any rounding (SPEC 7).
+
+        Returns ``(output, weights, probabilities)``: the first two exactly what
+        ``eager`` returns, the last (B, H, Q', T) float32. A bf16 or fp16 model computes
+        its softmax in float32 and rounds the probabilities to its dtype (then they tie
+        often and the tie rule would pick the selected set), or computes it in its own
+        dtype (GPT-2, BERT); either way the probabilities here are the float32 softmax
+        of the very scores the family's eager function built (scaling, softcapping and
+        mask included), recorded as that function calls softmax.
+        """
+        if self.query.dtype in (torch.float32, torch.float64):
+            output, weights = self.eager(rows)
+            return output, weights, weights.to(torch.float32)
+        recorder = SoftmaxRecorder()
+        with recorder:
+            output, weights = self.eager(rows)
+        probs = recorder.last
+        if probs is None or weights is None or probs.shape != weights.shape:
+            probs = weights.to(torch.float32)  # not a plain softmax: keep what it returned
+        return output, weights, probs
+
     @property
     def nested(self) -> bool:
         """True when ``previous()`` is another attngeom override's handler."""
@@ -217,6 +241,31 @@ class AttentionCall:
                 self.module, self.query, self.key, self.value, self.attention_mask, **self.kwargs
             )
         return self.eager()
+
+
+_SOFTMAXES = {torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax,
+              torch.special.softmax}
+
+
+class SoftmaxRecorder(torch.overrides.TorchFunctionMode):
+    """While open, records the float32 softmax of every softmax call's input.
+
+    A scoped torch-function mode, not a patch: the calls themselves run unchanged
+    (their results are returned as computed), and the recording is a second softmax
+    of the same input in float32. ``last`` is the latest recorded tensor.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: torch.Tensor | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _SOFTMAXES and args and isinstance(args[0], torch.Tensor):
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
+            self.last = torch.softmax(args[0].to(torch.float32), dim=dim)
+        return out
 
 
 def _attention_function(

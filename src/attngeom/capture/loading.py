@@ -1,17 +1,26 @@
-"""Load a model and its tokenizer by local path or hub id (SPEC 7).
+"""Load a model and its tokenizer by local path, GGUF file or hub id (SPEC 7).
 
 Causal LMs load through ``AutoModelForCausalLM``, encoders (BERT-like, SPEC 1's
-bidirectional universe) through ``AutoModel``; both in eval mode. Any failure
-becomes one ``ModelError`` line naming the model, never a transformers
-traceback; a local-looking path that does not exist fails before transformers
-is asked at all, so no hub retries can hang on it.
+bidirectional universe) through ``AutoModel``; both in eval mode. A ``.gguf`` file
+(or a directory holding exactly one, and no ``config.json``) loads through
+transformers' own GGUF reader, dequantised to the requested dtype (float32 by
+default); its tokenizer conversion takes seconds, so the converted tokenizer is
+cached (``cache_dir()``, keyed by the file's path, size and modification time).
+Any failure becomes one ``ModelError`` line naming the model, never a transformers
+traceback; a local-looking path that does not exist fails before transformers is
+asked at all, so no hub retries can hang on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,68 +79,177 @@ def _is_causal_config(config) -> bool:
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: ``source`` for ``from_pretrained``, plus a GGUF file name."""
+
+    name: str
+    source: str
+    local: bool
+    gguf_file: str | None = None
+
+    @property
+    def gguf_path(self) -> Path | None:
+        return Path(self.source) / self.gguf_file if self.gguf_file else None
+
+    def kwargs(self) -> dict:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+    @property
+    def where(self) -> str:
+        if self.gguf_file:
+            return "GGUF file"
+        if self.local:
+            return "local directory"
+        return "hub id (offline: HF_HUB_OFFLINE=1)" if _offline() else "hub id"
+
+
+def resolve_source(name_or_path: str | os.PathLike) -> ModelSource:
+    """Tell a local directory, a GGUF file and a hub id apart (``ModelError`` if missing)."""
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if not path.exists():
+        if _looks_local(name) or isinstance(name_or_path, Path) or name.endswith(".gguf"):
+            raise ModelError(f"cannot load model {name!r}: no such local directory or file")
+        return ModelSource(name, name, local=False)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(
+                f"cannot load model {name!r}: expected a model directory or a .gguf file, "
+                f"got a {path.suffix or 'plain'} file"
+            )
+        return ModelSource(name, str(path.parent), local=True, gguf_file=path.name)
+    if not (path / "config.json").is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource(name, str(path), local=True, gguf_file=ggufs[0])
+        if len(ggufs) > 1:
+            raise ModelError(
+                f"cannot load model {name!r}: the directory holds {len(ggufs)} GGUF files "
+                f"({', '.join(ggufs[:4])}); pass the file itself"
+            )
+    return ModelSource(name, str(path), local=True)
+
+
+def cache_dir() -> Path:
+    """attngeom's cache folder: ``$ATTNGEOM_CACHE``, else ``$XDG_CACHE_HOME/attngeom``,
+    else ``~/.cache/attngeom``."""
+    explicit = os.environ.get("ATTNGEOM_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attngeom"
+
+
+def _gguf_tokenizer(transformers, src: ModelSource):
+    """The GGUF file's tokenizer, converted once and then read from the cache."""
+    path = src.gguf_path
+    st = path.stat()
+    key = hashlib.sha256(
+        f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}".encode()
+    ).hexdigest()[:32]
+    cached = cache_dir() / "gguf-tokenizers" / key
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(cached))
+        except (OSError, ValueError, KeyError):
+            shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry: convert again
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src.source, gguf_file=src.gguf_file)
+    with contextlib.suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.parent / f".{key}.{uuid.uuid4().hex}.tmp"
+        tokenizer.save_pretrained(str(tmp))
+        try:
+            os.replace(tmp, cached)
+        except OSError:  # another process cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """The tokenizer of a model (cheap next to the model: windows are cut before it loads).
+
+    Raises ``ModelError`` (one line) when it cannot be loaded.
+    """
+    src = resolve_source(name_or_path)
+    import transformers
+
+    try:
+        if src.gguf_file:
+            return _gguf_tokenizer(transformers, src)
+        return transformers.AutoTokenizer.from_pretrained(src.source)
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
+        raise ModelError(
+            f"cannot load the tokenizer of {src.name!r} ({src.where}): {_first_line(error)}"
+        ) from None
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = None,
+    tokenizer=None,
 ):
     """Load ``(model, tokenizer)``, the model in eval mode on ``device`` in ``dtype``.
 
     ``attn_implementation=None`` lets transformers choose (sdpa where the family
-    supports it, eager otherwise); capture works with either. Raises
-    ``ModelError`` (one line) when the path or hub id cannot be loaded, e.g.
-    a missing directory, or a hub id not in the local cache with
-    ``HF_HUB_OFFLINE=1``.
+    supports it, eager otherwise); capture works with either. ``tokenizer``: one
+    already loaded (``load_tokenizer``), else it is loaded here. Raises
+    ``ModelError`` (one line) when the path or hub id cannot be loaded, e.g. a
+    missing directory, or a hub id not in the local cache with ``HF_HUB_OFFLINE=1``.
 
     >>> model, tokenizer = load_model("shared/assets/stories260K-hf")  # doctest: +SKIP
     """
     torch_dtype = resolve_dtype(dtype)
-    name = os.fspath(name_or_path)
-    path = Path(name).expanduser()
-    if not path.exists() and (_looks_local(name) or isinstance(name_or_path, Path)):
-        raise ModelError(f"cannot load model {name!r}: no such local directory")
-
+    src = resolve_source(name_or_path)
     import transformers
 
-    source = str(path) if path.exists() else name
-    where = "local directory" if path.exists() else (
-        "hub id (offline: HF_HUB_OFFLINE=1)" if _offline() else "hub id"
-    )
     try:
-        config = transformers.AutoConfig.from_pretrained(source)
+        config = transformers.AutoConfig.from_pretrained(src.source, **src.kwargs())
         cls = (
             transformers.AutoModelForCausalLM
             if _is_causal_config(config)
             else transformers.AutoModel
         )
-        kwargs = {"dtype": torch_dtype}
+        kwargs = {"dtype": torch_dtype, **src.kwargs()}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        with _quiet_loading(transformers):
-            model = cls.from_pretrained(source, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        with _quiet_loading(transformers, gguf=bool(src.gguf_file)):
+            model = cls.from_pretrained(src.source, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
-        raise ModelError(f"cannot load model {name!r} ({where}): {_first_line(error)}") from None
+        raise ModelError(
+            f"cannot load model {src.name!r} ({src.where}): {_first_line(error)}"
+        ) from None
+    if tokenizer is None:
+        tokenizer = load_tokenizer(name_or_path)
     try:
         model = model.to(device)
     except (RuntimeError, AssertionError) as error:
         raise ModelError(
-            f"cannot move model {name!r} to {device!r}: {_first_line(error)}"
+            f"cannot move model {src.name!r} to {device!r}: {_first_line(error)}"
         ) from None
     model.eval()
     return model, tokenizer
 
 
 @contextlib.contextmanager
-def _quiet_loading(transformers) -> Iterator[None]:
-    """Hide transformers' weight-loading bar: attngeom prints its own progress."""
+def _quiet_loading(transformers, gguf: bool = False) -> Iterator[None]:
+    """Hide transformers' weight-loading bars: attngeom prints its own progress.
+
+    The GGUF reader draws its dequantisation bar with tqdm directly, which the logging
+    switch does not reach, so its stderr is held back for the load.
+    """
     logging = transformers.utils.logging
     was_enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     try:
-        yield
+        if gguf:
+            with contextlib.redirect_stderr(io.StringIO()):
+                yield
+        else:
+            yield
     finally:
         if was_enabled:
             logging.enable_progress_bar()

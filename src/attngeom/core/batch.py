@@ -11,6 +11,7 @@ Shapes (one window, no batch dimension):
     visible          (H or 1, Q, T) bool, keys the mask lets each row see
     query_positions  (Q,) int64, the position t of each analysed row
     values           (G, T, d) float32 value states per kv head (H % G == 0)
+    tokens           (T,) int64 token ids of the window (optional: sinks by token)
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class AttentionBatch:
     visible: Tensor
     query_positions: Tensor
     stats: ValueStats
+    tokens: Tensor | None = None
     _kv_of_head: Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +123,8 @@ class AttentionBatch:
             raise ConfigError(
                 f"query_positions: expected shape ({q},), got {tuple(self.query_positions.shape)}"
             )
+        if self.tokens is not None and tuple(self.tokens.shape) != (t,):
+            raise ConfigError(f"tokens: expected shape ({t},), got {tuple(self.tokens.shape)}")
 
     @property
     def num_heads(self) -> int:

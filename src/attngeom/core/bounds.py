@@ -457,10 +457,12 @@ class BoundsAccumulator:
     Pairs with a zero vector are left out (see module docstring). The envelope uses the
     head's alpha profile: mean sink mass and the mean descending-sorted non-sink
     attention over the analysed queries (zero-padded to the largest universe seen).
-    ``violation_rate`` is the share of measured pairs violating the fitted assumptions:
-    non-sink pairs with |cos| > mu, and sink cosines of the opposite sign to a non-zero
-    fitted ``sink_cos``; ``violation_max`` the largest excess (|cos| - mu, or the wrong-sign
-    sink cosine's magnitude), 0 when nothing is violated. ``precision_measured``,
+    The violations are reported apart, since the first is a quantile by construction:
+    ``pair_violation_rate`` is the share of non-sink pairs with |cos| > mu (about
+    1 - ``mu_quantile``, up to the histogram's resolution) and ``pair_violation_max``
+    the largest excess |cos| - mu; ``sink_cos_violation_rate`` the share of sink cosines
+    of the opposite sign to a non-zero fitted ``sink_cos`` and
+    ``sink_cos_violation_max`` the largest such magnitude (0 when none). ``precision_measured``,
     ``recall_measured``, ``f_measured`` are NaN here: the geometry pass fills them.
     """
 
@@ -585,11 +587,15 @@ class BoundsAccumulator:
                              np.where(sink_cos > 0, st.sink_neg_count, 0.0))
             wrong_max = np.where(sink_cos < 0, st.sink_pos_max,
                                  np.where(sink_cos > 0, st.sink_neg_max, 0.0))
-            n_meas = total + st.sink_cos_count
-            rate = np.where(n_meas > 0, (above + wrong) / np.maximum(n_meas, 1), np.nan)
-            vmax = np.where(n_meas > 0, np.maximum(excess, wrong_max), np.nan)
+            pair_rate = np.where(total > 0, above / np.maximum(total, 1), np.nan)
+            pair_max = np.where(total > 0, excess, np.nan)
+            scount = st.sink_cos_count
+            sink_rate = np.where(scount > 0, wrong / np.maximum(scount, 1), np.nan)
+            sink_max = np.where(scount > 0, wrong_max, np.nan)
             out[layer] = {"kappa": kappa, "mu": mu, "sink_cos": sink_cos,
-                          "violation_rate": rate, "violation_max": vmax}
+                          "pair_violation_rate": pair_rate, "pair_violation_max": pair_max,
+                          "sink_cos_violation_rate": sink_rate,
+                          "sink_cos_violation_max": sink_max}
         return out
 
     def profiles(self) -> dict[int, np.ndarray]:
@@ -625,8 +631,9 @@ class BoundsAccumulator:
             cols["layer"].append(np.full(h * nn, layer, dtype=np.int64))
             cols["head"].append(rep(np.arange(h, dtype=np.int64)))
             cols["n"].append(np.tile(np.asarray(self.n_grid, dtype=np.int64), h))
-            for name in ("kappa", "mu", "sink_cos", "violation_rate", "violation_max"):
+            for name in ("kappa", "mu", "sink_cos", *VIOLATION_COLUMNS):
                 cols[name].append(rep(fit[name]).astype(np.float64))
+            cols["mu_quantile"].append(np.full(h * nn, self.quantile))
             for name in ("precision_envelope", "recall_envelope", "f_envelope", "certified"):
                 cols[name].append(env[name].numpy().reshape(-1))
             cols["largest_certified_n"].append(rep(env["largest_certified_n"].numpy()))
@@ -639,10 +646,14 @@ class BoundsAccumulator:
         return {self.table: self.compute()}
 
 
+VIOLATION_COLUMNS = (
+    "pair_violation_rate", "pair_violation_max", "sink_cos_violation_rate",
+    "sink_cos_violation_max",
+)
 BOUNDS_COLUMNS = (
-    "layer", "head", "n", "kappa", "mu", "sink_cos", "precision_envelope", "recall_envelope",
-    "f_envelope", "certified", "largest_certified_n", "precision_measured", "recall_measured",
-    "f_measured", "violation_rate", "violation_max",
+    "layer", "head", "n", "kappa", "mu", "mu_quantile", "sink_cos", "precision_envelope",
+    "recall_envelope", "f_envelope", "certified", "largest_certified_n", "precision_measured",
+    "recall_measured", "f_measured", *VIOLATION_COLUMNS,
 )
 
 _INT_COLUMNS = {"layer", "head", "n", "largest_certified_n", "position", "n_windows",

@@ -7,9 +7,6 @@ from torch import Tensor
 
 from attngeom.errors import ConfigError
 
-QUERY_MODES = ("final", "all", "stride:k")
-
-
 def parse_query_mode(mode: str) -> tuple[str, int]:
     """Split ``final`` / ``all`` / ``stride:k`` into (kind, k); k is 1 unless strided."""
     if mode in ("final", "all"):
@@ -26,25 +23,42 @@ def parse_query_mode(mode: str) -> tuple[str, int]:
     )
 
 
-def query_positions(mode: str, num_tokens: int, *, causal: bool = True) -> Tensor:
-    """(Q,) int64 analysed positions of a window of ``num_tokens`` tokens.
+def query_positions(
+    mode: str, num_tokens: int, *, causal: bool = True, special: Tensor | None = None
+) -> Tensor:
+    """(Q,) int64 analysed positions of a window of ``num_tokens`` tokens (SPEC 2).
 
-    ``final`` is the last position (the papers' protocol); ``all`` is every position
-    whose universe can hold a valid N (t >= 1 for causal models, every row for an
-    encoder); ``stride:k`` keeps the positions t = T-1, T-1-k, ... of ``all``, so the
-    final query is always among them.
+    Queries are content positions: ``special`` (T,) bool marks positions that are
+    never analysed (frame and document-boundary tokens; they stay keys). ``final`` is
+    the last content position (the papers' protocol: for an encoder the last token
+    before the closing ``[SEP]``); ``all`` is every content position whose universe
+    can hold a valid N (t >= 1 for causal models, every content row for an encoder);
+    ``stride:k`` keeps the positions t = f, f-k, f-2k, ... of ``all`` with f the
+    final position, so the final query is always among them.
 
     >>> query_positions("stride:3", 8).tolist()
     [1, 4, 7]
+    >>> query_positions("final", 6, special=torch.tensor([1, 0, 0, 0, 0, 1]).bool()).tolist()
+    [4]
     """
     kind, k = parse_query_mode(mode)
     if num_tokens < 2:
         raise ConfigError(f"window length: expected at least 2 tokens, got {num_tokens}")
-    last = num_tokens - 1
+    content = torch.ones(num_tokens, dtype=torch.bool)
+    if special is not None:
+        if tuple(special.shape) != (num_tokens,):
+            raise ConfigError(
+                f"special: expected shape ({num_tokens},), got {tuple(special.shape)}"
+            )
+        content &= ~special.to(device="cpu", dtype=torch.bool)
+    if causal:
+        content[0] = False
+    positions = torch.nonzero(content).flatten()
+    if positions.numel() == 0:
+        return positions
+    last = positions[-1]
     if kind == "final":
-        return torch.tensor([last], dtype=torch.int64)
-    first = 1 if causal else 0
-    positions = torch.arange(first, num_tokens, dtype=torch.int64)
+        return last.reshape(1)
     if kind == "stride":
         positions = positions[(last - positions) % k == 0]
     return positions

@@ -3,8 +3,9 @@
 The paper reports the sink's value norm several times smaller than the other tokens'
 and systematically negatively aligned with them, while it soaks up much of the
 attention. This module measures that per (layer, head) from the attention rows, the
-value norms and the value Gram matrix only (SPEC 8), and also looks for *other* sink
-positions (e.g. BERT's [SEP]) instead of assuming position 0 is the only one.
+value norms and the value Gram matrix only (SPEC 8), and also looks for *other* sinks
+(a separator inside the window, the first "." or newline, BERT's [SEP]) by token
+identity instead of assuming position 0 is the only one.
 
 Per window w and head h (kv head g serving h, positions j >= 1 of the window):
 
@@ -22,13 +23,18 @@ then a plain mean over the windows where it is defined (``n_windows`` = windows 
 that layer analysed). The four ``f_*`` separability columns of table ``sink`` come from
 the geometry pass and are not produced here.
 
-Other sinks (table ``sink_positions``): pooled over all analysed queries (>= 2 visible
-keys) of a layer, position j >= 1 is reported when its mean attention
-``mass_share = sum_t alpha[t, j] / #{t : j visible}`` is at least ``min_share`` (default
-0.1) and at least ``min_ratio`` (default 5) times what uniform attention would give it
-over the same queries, ``sum_t alpha[t, j] / sum_t 1 / |U_t|``. Pooled sums (rather than
-per-window means) keep the state O(H T) per layer; with one query per window, or
-equal-length windows in ``all`` mode, they equal the per-window mean.
+Other sinks (table ``sink_tokens``), by **token identity**: pooling by absolute
+position would report recency as a sink (with ``final`` queries the last positions of
+every window always get mass) and miss a separator that sits at a different position
+in every window. A (query t, key j) pair counts when the key is visible, the row sees
+>= 2 keys with finite alphas, and the query is at least ``min_distance`` (16) positions
+from the key, ``|t - j| >= 16`` (so local, previous-token attention is never a sink).
+Per (layer, head) and token id x, over the counted pairs whose key j >= 1 holds x:
+``mean_share`` = mean alpha[t, j], ``uniform_share`` = mean 1/|U_t| (what uniform
+attention would give), ``lift`` = their ratio, ``pairs`` and ``occurrences`` (distinct
+key occurrences with >= 1 counted pair). A token is ``detected`` with mean_share >=
+``min_share`` (0.1) and lift >= ``min_lift`` (5). Position 0 gets its own line per head,
+computed the same way, whatever its token.
 """
 
 from __future__ import annotations
@@ -47,7 +53,13 @@ SINK_COLUMNS = (
     "layer", "head", "n", "sink_position", "norm_ratio", "sink_cos_mean", "sink_cos_pairwise",
     "sink_mass", "sink_in_top_n", "n_windows",
 )
-SINK_POSITION_COLUMNS = ("layer", "head", "position", "mass_share", "n_windows")
+SINK_TOKEN_COLUMNS = (
+    "layer", "head", "position", "token_id", "occurrences", "pairs", "mean_share",
+    "uniform_share", "lift", "detected", "n_windows",
+)
+MIN_SINK_DISTANCE = 16
+ANY_POSITION = -1  # the ``position`` of a by-token row (any position j >= 1)
+MIXED_TOKEN = -1  # the ``token_id`` of the position-0 line when windows start differently
 
 
 def sink_value_stats(stats: ValueStats) -> dict[str, Tensor]:
@@ -133,31 +145,99 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
+def sink_pair_sums(
+    alpha: Tensor, universe: Tensor, query_positions: Tensor, *,
+    min_distance: int = MIN_SINK_DISTANCE,
+) -> dict[str, Tensor]:
+    """Per key, the sums behind the by-token sink detector (SPEC 3, "other sinks").
+
+    A (t, j) pair counts when j is in row t's universe, the row sees >= 2 keys with
+    finite alphas and ``|t - j| >= min_distance``. Shapes: alpha, universe (H, Q, T),
+    query_positions (Q,) -> ``share``, ``uniform`` (H, T) float64 (sums of alpha[t, j]
+    and 1/|U_t| over the counted pairs of key j) and ``pairs`` (H, T) int64.
+
+    >>> a = torch.zeros(1, 2, 20); a[0, :, 1] = 0.5; a[0, :, 2] = 0.5
+    >>> s = sink_pair_sums(a, a > 0, torch.tensor([18, 19]))
+    >>> s["pairs"][0, :3].tolist(), s["share"][0, 1].item()
+    ([0, 2, 1], 1.0)
+    """
+    universe = universe.to(torch.bool)
+    t = alpha.shape[-1]
+    keys = torch.arange(t, device=alpha.device)
+    qpos = query_positions.to(device=alpha.device, dtype=torch.int64)
+    far = (qpos[:, None] - keys[None, :]).abs() >= min_distance  # (Q, T)
+    usize = universe.sum(-1)
+    ok = (usize >= 2) & finite_rows(alpha, universe)
+    pair = universe & far[None] & ok[..., None]
+    a = torch.where(pair, alpha, torch.zeros((), dtype=alpha.dtype, device=alpha.device))
+    inv = 1.0 / usize.clamp_min(1).to(torch.float64)
+    return {
+        "share": a.to(torch.float64).sum(1),
+        "uniform": (pair * inv[..., None]).sum(1),
+        "pairs": pair.sum(1),
+    }
+
+
+class _TokenSums:
+    """Per layer, sums by token id: sorted ``ids`` (U,) and (H, U) arrays, merged lazily."""
+
+    def __init__(self, num_heads: int) -> None:
+        self.num_heads = num_heads
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.sums = {k: np.zeros((num_heads, 0)) for k in ("share", "uniform", "pairs")}
+        self.pending: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+
+    def add(self, ids: np.ndarray, sums: dict[str, np.ndarray]) -> None:
+        self.pending.append((ids, sums))
+        if len(self.pending) >= 64:
+            self.consolidate()
+
+    def consolidate(self) -> None:
+        if not self.pending:
+            return
+        ids = np.unique(np.concatenate([self.ids, *(p[0] for p in self.pending)]))
+        out = {k: np.zeros((self.num_heads, ids.size)) for k in self.sums}
+        for part_ids, part in [(self.ids, self.sums), *self.pending]:
+            where = np.searchsorted(ids, part_ids)  # each part's ids are distinct
+            for k in out:
+                out[k][:, where] += part[k]
+        self.ids, self.sums, self.pending = ids, out, []
+
+
 class SinkAccumulator:
-    """Streaming sink statistics for tables ``sink`` and ``sink_positions`` (SPEC 3).
+    """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (SPEC 3).
 
     ``update`` accepts query chunks of one (window, layer) in any number and order (the
     value statistics are taken once per window); ``merge`` adds a shard with disjoint
     windows, exactly. ``compute()`` gives table ``sink`` (rows ordered by layer, head,
-    n), ``compute_positions()`` table ``sink_positions`` (layer, head, position).
+    n), ``compute_tokens()`` table ``sink_tokens`` (the position-0 line and every
+    detected token per head).
     """
 
     table = "sink"
 
     def __init__(
-        self, n_grid: Sequence[int], *, min_share: float = 0.1, min_ratio: float = 5.0
+        self, n_grid: Sequence[int], *, min_share: float = 0.1, min_lift: float = 5.0,
+        min_distance: int = MIN_SINK_DISTANCE,
     ) -> None:
         self.n_grid = check_n_grid(n_grid)
         if not 0.0 <= min_share <= 1.0:
             raise ConfigError(f"min_share: expected a value in [0, 1], got {min_share!r}")
-        if min_ratio < 0:
-            raise ConfigError(f"min_ratio: expected a value >= 0, got {min_ratio!r}")
+        if min_lift < 0:
+            raise ConfigError(f"min_lift: expected a value >= 0, got {min_lift!r}")
+        if int(min_distance) != min_distance or min_distance < 1:
+            raise ConfigError(f"min_distance: expected an integer >= 1, got {min_distance!r}")
         self.min_share = float(min_share)
-        self.min_ratio = float(min_ratio)
+        self.min_lift = float(min_lift)
+        self.min_distance = int(min_distance)
         self._windows: dict[tuple[int, int], _SinkWindow] = {}
         self._heads: dict[int, int] = {}
-        # per layer, pooled over queries: sum alpha[t, j], sum 1/|U_t|, #{t : j visible}
-        self._pos: dict[int, list[np.ndarray]] = {}
+        self._tokens: dict[int, _TokenSums] = {}
+        # per (layer, window): (H, T) bool "key has a counted pair", and window tokens
+        self._has_pair: dict[tuple[int, int], np.ndarray] = {}
+        self._window_tokens: dict[int, np.ndarray] = {}
+        # per layer, position 0 alone: share, uniform, pairs sums (H,)
+        self._zero: dict[int, dict[str, np.ndarray]] = {}
 
     def _check_heads(self, layer: int, num_heads: int) -> None:
         known = self._heads.setdefault(layer, num_heads)
@@ -182,30 +262,44 @@ class SinkAccumulator:
         tv = q["top_valid"]
         win.top_sum += (q["in_top_n"] & tv).sum(1).cpu().numpy()
         win.top_count += tv.sum(1).cpu().numpy()
-        u = universe & mv[..., None]
-        alpha = torch.where(u, batch.alpha, 0.0).to(torch.float64)
-        inv = 1.0 / universe.sum(-1).clamp_min(1).to(torch.float64)
-        parts = [alpha.sum(1), (u * inv[..., None]).sum(1), u.sum(1).to(torch.float64)]
-        self._add_pos(batch.layer, [p.cpu().numpy() for p in parts])
+        if batch.tokens is not None:
+            self._add_tokens(batch, universe)
 
-    def _add_pos(self, layer: int, parts: list[np.ndarray]) -> None:
-        old = self._pos.get(layer)
-        if old is None:
-            self._pos[layer] = [p.copy() for p in parts]
-            return
-        width = max(old[0].shape[1], parts[0].shape[1])
-        pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
-        self._pos[layer] = [pad(a) + pad(b) for a, b in zip(old, parts, strict=True)]
+    def _add_tokens(self, batch: AttentionBatch, universe: Tensor) -> None:
+        layer, h = batch.layer, batch.num_heads
+        sums = sink_pair_sums(batch.alpha, universe, batch.query_positions,
+                              min_distance=self.min_distance)
+        sums = {k: v.cpu().numpy() for k, v in sums.items()}
+        tokens = batch.tokens.detach().cpu().to(torch.int64).numpy()
+        known = self._window_tokens.setdefault(batch.window, tokens)
+        if not np.array_equal(known, tokens):
+            raise ConfigError(f"window {batch.window}: expected the same tokens in every layer")
+        key = (layer, batch.window)
+        seen = sums["pairs"] > 0
+        old = self._has_pair.get(key)
+        self._has_pair[key] = seen if old is None else (old | seen)
+        zero = self._zero.setdefault(layer, {k: np.zeros(h) for k in ("share", "uniform",
+                                                                         "pairs")})
+        for k in zero:
+            zero[k] += sums[k][:, SINK]
+        ids, inverse = np.unique(tokens[1:], return_inverse=True)
+        part = {}
+        for k, v in sums.items():
+            acc = np.zeros((h, ids.size))
+            np.add.at(acc, (slice(None), inverse.reshape(-1)), v[:, 1:].astype(np.float64))
+            part[k] = acc
+        self._tokens.setdefault(layer, _TokenSums(h)).add(ids, part)
 
     def merge(self, other: SinkAccumulator) -> SinkAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
         if not isinstance(other, SinkAccumulator):
             raise ConfigError(f"expected a SinkAccumulator, got {type(other).__name__}")
-        mine = (self.n_grid, self.min_share, self.min_ratio)
-        theirs = (other.n_grid, other.min_share, other.min_ratio)
+        mine = (self.n_grid, self.min_share, self.min_lift, self.min_distance)
+        theirs = (other.n_grid, other.min_share, other.min_lift, other.min_distance)
         if mine != theirs:
             raise ConfigError(
-                f"expected equal n_grid, min_share, min_ratio, got {mine} and {theirs}"
+                f"expected equal n_grid, min_share, min_lift, min_distance, got {mine} and "
+                f"{theirs}"
             )
         overlap = self._windows.keys() & other._windows.keys()
         if overlap:
@@ -218,8 +312,17 @@ class SinkAccumulator:
             for name in ("mass_sum", "mass_count", "top_sum", "top_count"):
                 setattr(copy, name, getattr(win, name).copy())
             self._windows[key] = copy
-        for layer, parts in other._pos.items():
-            self._add_pos(layer, parts)
+        for layer, ts in other._tokens.items():
+            ts.consolidate()
+            self._tokens.setdefault(layer, _TokenSums(ts.num_heads)).add(
+                ts.ids.copy(), {k: v.copy() for k, v in ts.sums.items()})
+        for layer, zero in other._zero.items():
+            mine_zero = self._zero.setdefault(layer, {k: np.zeros_like(v)
+                                                      for k, v in zero.items()})
+            for k, v in zero.items():
+                mine_zero[k] += v
+        self._has_pair.update({k: v.copy() for k, v in other._has_pair.items()})
+        self._window_tokens.update(other._window_tokens)
         return self
 
     def _n_windows(self) -> dict[int, int]:
@@ -251,32 +354,74 @@ class SinkAccumulator:
             cols["n_windows"].append(np.full(h * nn, len(wins), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
 
-    def compute_positions(self) -> dict[str, np.ndarray]:
-        """Columns of table ``sink_positions``: detected sinks at positions j >= 1."""
-        cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_POSITION_COLUMNS}
+    def _occurrences(self, layer: int, ids: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """(H, U) key occurrences of each token with a counted pair, and (H,) for position 0."""
+        occ = np.zeros((h, ids.size))
+        occ0 = np.zeros(h)
+        for (lay, window), seen in self._has_pair.items():
+            if lay != layer:
+                continue
+            tokens = self._window_tokens[window]
+            occ0 += seen[:, SINK]
+            where = np.searchsorted(ids, tokens[1:])
+            hh, jj = np.nonzero(seen[:, 1:])
+            np.add.at(occ, (hh, where[jj]), 1.0)
+        return occ, occ0
+
+    def compute_tokens(self) -> dict[str, np.ndarray]:
+        """Columns of table ``sink_tokens``: per head the position-0 line, then each
+        detected token (``position`` -1), by token id."""
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_TOKEN_COLUMNS}
         n_windows = self._n_windows()
-        for layer in sorted(self._pos):
-            mass, uniform, count = self._pos[layer]
-            share = _ratio(mass, count)
-            rel = _ratio(mass, uniform)
-            hit = (share >= self.min_share) & (rel >= self.min_ratio)
-            hit[:, : SINK + 1] = False
-            heads, positions = np.nonzero(hit)
-            cols["layer"].append(np.full(heads.size, layer, dtype=np.int64))
-            cols["head"].append(heads.astype(np.int64))
-            cols["position"].append(positions.astype(np.int64))
-            cols["mass_share"].append(share[heads, positions])
-            cols["n_windows"].append(np.full(heads.size, n_windows.get(layer, 0), dtype=np.int64))
+        firsts = {int(t[SINK]) for t in self._window_tokens.values()}
+        first_id = firsts.pop() if len(firsts) == 1 else MIXED_TOKEN
+        for layer in sorted(self._tokens):
+            ts = self._tokens[layer]
+            ts.consolidate()
+            h = ts.num_heads
+            occ, occ0 = self._occurrences(layer, ts.ids, h)
+            zero = self._zero[layer]
+            share = _ratio(ts.sums["share"], ts.sums["pairs"])
+            uniform = _ratio(ts.sums["uniform"], ts.sums["pairs"])
+            lift = _ratio(ts.sums["share"], ts.sums["uniform"])
+            hit = (ts.sums["pairs"] > 0) & (share >= self.min_share) & (lift >= self.min_lift)
+            heads, slots = np.nonzero(hit)
+            z_share = _ratio(zero["share"], zero["pairs"])
+            z_lift = _ratio(zero["share"], zero["uniform"])
+            z_hit = (zero["pairs"] > 0) & (z_share >= self.min_share) & (z_lift >= self.min_lift)
+            rows_head = np.concatenate([np.arange(h), heads])
+            order = np.argsort(rows_head, kind="stable")
+            k = h + heads.size
+
+            def both(zero_part, token_part, order=order):
+                return np.concatenate([np.asarray(zero_part), np.asarray(token_part)])[order]
+
+            cols["layer"].append(np.full(k, layer, dtype=np.int64))
+            cols["head"].append(rows_head[order].astype(np.int64))
+            cols["position"].append(both(np.full(h, SINK), np.full(heads.size, ANY_POSITION))
+                                    .astype(np.int64))
+            cols["token_id"].append(both(np.full(h, first_id), ts.ids[slots]).astype(np.int64))
+            cols["occurrences"].append(both(occ0, occ[heads, slots]).astype(np.int64))
+            cols["pairs"].append(both(zero["pairs"], ts.sums["pairs"][heads, slots])
+                                 .astype(np.int64))
+            cols["mean_share"].append(both(z_share, share[heads, slots]))
+            cols["uniform_share"].append(both(_ratio(zero["uniform"], zero["pairs"]),
+                                              uniform[heads, slots]))
+            cols["lift"].append(both(z_lift, lift[heads, slots]))
+            cols["detected"].append(both(z_hit, np.ones(heads.size, dtype=bool)).astype(bool))
+            cols["n_windows"].append(np.full(k, n_windows.get(layer, 0), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"sink": compute(), "sink_positions": compute_positions()}``."""
-        return {"sink": self.compute(), "sink_positions": self.compute_positions()}
+        """``{"sink": compute(), "sink_tokens": compute_tokens()}``."""
+        return {"sink": self.compute(), "sink_tokens": self.compute_tokens()}
 
 
 def _cat(parts: list[np.ndarray], name: str) -> np.ndarray:
     if parts:
         return np.concatenate(parts)
     floats = {"norm_ratio", "sink_cos_mean", "sink_cos_pairwise", "sink_mass", "sink_in_top_n",
-              "mass_share"}
+              "mean_share", "uniform_share", "lift"}
+    if name == "detected":
+        return np.zeros(0, dtype=bool)
     return np.zeros(0, dtype=np.float64 if name in floats else np.int64)

@@ -24,12 +24,13 @@ def bootstrap_mean_ci(
     """Mean and percentile interval over windows for each row of ``values``.
 
     ``values`` is (groups, windows) with NaN where a window has no value. Returns
-    (mean, ci_low, ci_high, n_windows), each of shape (groups,). With one window the
-    interval collapses to the mean; with none everything is NaN.
+    (mean, ci_low, ci_high, n_windows), each of shape (groups,). A group seen in fewer
+    than two windows has no interval (NaN, never a zero-width one: one window says
+    nothing about the spread over windows); with none the mean is NaN too.
 
-    >>> m, lo, hi, n = bootstrap_mean_ci(np.array([[1.0, 1.0, 1.0]]))
-    >>> float(m[0]), float(lo[0]), float(hi[0]), int(n[0])
-    (1.0, 1.0, 1.0, 3)
+    >>> m, lo, hi, n = bootstrap_mean_ci(np.array([[1.0, 1.0, 1.0], [2.0, np.nan, np.nan]]))
+    >>> m.tolist(), lo.tolist(), hi.tolist(), n.tolist()
+    ([1.0, 2.0], [1.0, nan], [1.0, nan], [3, 1])
     """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2:
@@ -51,7 +52,7 @@ def bootstrap_mean_ci(
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = sums / cnts
         alpha = (1.0 - level) / 2.0
-        ok = counts > 0
+        ok = counts >= 2
         if ok.any():
             low[ok] = np.nanquantile(boot[ok], alpha, axis=1)
             high[ok] = np.nanquantile(boot[ok], 1.0 - alpha, axis=1)

@@ -250,15 +250,25 @@ def _plans(run: RunTables, summary, model: str, corpus: str):
     if taxonomy is not None:
         def regimes():
             fig, axes = style.new_figure(style.PAGE_WIDTH, 2.6, ncols=2)
-            fig_regime_map(taxonomy, ax=axes[0], legend=False, **sel)
-            fig_regime_shares(taxonomy, ax=axes[1], **sel)
+            drawn = fig_regime_map(taxonomy, ax=axes[0], legend=False, **sel)
+            shares = fig_regime_shares(taxonomy, ax=axes[1], legend=False, **sel)
+            handles, _ = axes[1].get_legend_handles_labels()
+            if drawn.data["unstable"]:
+                from matplotlib.patches import Patch
+
+                handles.append(Patch(facecolor="white", edgecolor="0.25", hatch="////",
+                                     label="unstable label (< 0.8)"))
+            shares.legend = axes[1].legend(handles=handles, loc="upper left",
+                                           bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
             return fig
 
         plans.append((
             "regimes", "taxonomy", "Head regimes",
-            "Left: regime of every head (Retriever: the current token wins most often; "
-            "Mixer: the sink; Reset: another token). Right: share of heads in each regime "
-            "by layer.", ("taxonomy",), regimes))
+            "Left: regime of every head by single-source plurality (Retriever: the current "
+            "token wins most often; Mixer: the sink; Reset: no single privileged source); "
+            "hatched, faded cells are labels kept in fewer than 80% of window-bootstrap "
+            "resamples. Right: share of heads in each regime by layer.", ("taxonomy",),
+            regimes))
 
         def sources():
             fig, ax = style.new_figure(style.PAGE_WIDTH, 2.0)

@@ -1,14 +1,14 @@
 """Head taxonomy (SPEC 4) from ``taxonomy.parquet``: regimes and source-winner fractions.
 
-Columns read: ``layer, head, regime`` (Retriever | Mixer | Reset | none) and
-``f_self, f_sink, f_other``.
+Columns read: ``layer, head, regime`` (Retriever | Mixer | Reset | none),
+``stability`` (label stability, where present) and ``f_self, f_sink, f_other``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from matplotlib.colors import BoundaryNorm, ListedColormap
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from attngeom.figures import style
@@ -16,6 +16,7 @@ from attngeom.figures._common import draw_layer_head_map, pick
 from attngeom.figures.style import Drawn, styled
 
 REGIME_CODES = {"Retriever": 0, "Mixer": 1, "Reset": 2, "none": 3}
+STABLE = 0.8  # labels kept in fewer window-bootstrap resamples are drawn as uncertain
 
 
 def _regimes_present(rows) -> list[str]:
@@ -24,11 +25,15 @@ def _regimes_present(rows) -> list[str]:
 
 
 @styled
-def fig_regime_map(taxonomy, *, model=None, corpus=None, ax=None, legend: bool = True) -> Drawn:
-    """Layer x head map coloured by regime.
+def fig_regime_map(taxonomy, *, model=None, corpus=None, ax=None, legend: bool = True,
+                   stable: float = STABLE) -> Drawn:
+    """Layer x head map coloured by regime; uncertain labels faded and hatched.
 
-    ``Drawn.data["grid"]`` holds the codes drawn (``REGIME_CODES``; NaN for a head
-    missing from the table).
+    A head whose label stability (the share of window-bootstrap resamples keeping its
+    label, column ``stability``) is below ``stable`` is drawn faded with a hatch, so an
+    unstable label never looks like a firm one. ``Drawn.data["grid"]`` holds the codes
+    drawn (``REGIME_CODES``; NaN for a head missing from the table),
+    ``Drawn.data["unstable"]`` the (layer, head) pairs drawn as uncertain.
     """
     ax = style.axes_or_new(ax)
     rows = pick(taxonomy, "taxonomy", model=model, corpus=corpus)
@@ -39,9 +44,19 @@ def fig_regime_map(taxonomy, *, model=None, corpus=None, ax=None, legend: bool =
     cmap = ListedColormap([style.REGIME_COLORS[r] for r in REGIME_CODES])
     norm = BoundaryNorm(np.arange(-0.5, len(REGIME_CODES)), cmap.N)
     image, _ = draw_layer_head_map(ax, grid, cmap=cmap, norm=norm, colorbar=False)
-    drawn = Drawn(ax=ax, images=[image], data={"grid": grid})
+    unstable = []
+    if "stability" in rows.columns:
+        weak = rows[rows["stability"].astype(float) < stable]
+        for layer, head in weak[["layer", "head"]].itertuples(index=False):
+            unstable.append((int(layer), int(head)))
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor="white",
+                                   alpha=0.55, edgecolor="0.25", hatch="////", linewidth=0))
+    drawn = Drawn(ax=ax, images=[image], data={"grid": grid, "unstable": unstable})
     if legend:
         handles = [Patch(facecolor=style.REGIME_COLORS[r], label=r) for r in _regimes_present(rows)]
+        if unstable:
+            handles.append(Patch(facecolor="white", edgecolor="0.25", hatch="////",
+                                 label=f"stability < {stable:g}"))
         drawn.legend = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                                  borderaxespad=0.0)
     ax.set_title("head regime")

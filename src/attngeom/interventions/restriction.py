@@ -138,7 +138,8 @@ def restrict_topn(
     def handler(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         if call.layer not in selection:
             return call.previous()
-        _, probs = call.eager()
+        # top-N chosen on float32 probabilities: a bf16 model's rounded ones tie often
+        _, _, probs = call.eager_float32()
         restricted = restrict_probabilities(probs, call.visible(), n, renormalize)
         chosen = selection[call.layer]
         head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)

@@ -77,7 +77,8 @@ SCAN_COLUMNS = ("layer", "head", "nll", "delta_nll_rel", "critical", "threshold"
 RESTRICT_COLUMNS = (
     "scope", "layer", "head", "n", "renormalize", "nll", "perplexity", "delta_nll_rel",
 )  # fmt: skip
-NSTAR_COLUMNS = ("scope", "layer", "head", "renormalize", "tau", "n_star")
+NSTAR_COLUMNS = ("scope", "layer", "head", "renormalize", "tau", "n_star", "n_star_status")
+WITHIN_GRID, ABOVE_GRID = "within_grid", "above_grid"
 
 
 def heads_to_keep(keep_fraction: float, total_heads: int) -> int:
@@ -320,9 +321,17 @@ def _indices(values: Iterable[int] | None, size: int, what: str) -> list[int]:
 
 
 def n_star(ns: Sequence[int], deltas: Sequence[float], tau: float) -> float:
-    """Smallest N of the grid with relative delta-NLL <= tau; NaN if none (SPEC 6 N*_tau)."""
+    """Smallest N of the grid with relative delta-NLL <= tau; NaN if none (SPEC 6 N*_tau).
+
+    NaN here means "above the largest N tried" (``n_star_status`` says so in the table).
+    """
     ok = [n for n, d in zip(ns, deltas, strict=True) if d <= tau]
     return float(min(ok)) if ok else math.nan
+
+
+def format_n_star(value: float, status: str, largest: int) -> str:
+    """``"16"``, or ``"> 64"`` when no N of the grid (largest 64) qualified."""
+    return f"> {largest}" if status == ABOVE_GRID else f"{value:.0f}"
 
 
 def restrict_sweep(
@@ -409,13 +418,9 @@ def restrict_sweep(
     keys = ["scope", "layer", "head", "renormalize"]
     for key, group in restrict.groupby(keys, sort=False):
         for tau in tau_list:
-            nstar_rows.append(
-                (
-                    *key,
-                    float(tau),
-                    n_star(group["n"].tolist(), group["delta_nll_rel"].tolist(), tau),
-                )
-            )
+            value = n_star(group["n"].tolist(), group["delta_nll_rel"].tolist(), tau)
+            status = ABOVE_GRID if math.isnan(value) else WITHIN_GRID
+            nstar_rows.append((*key, float(tau), value, status))
     nstar = pd.DataFrame(nstar_rows, columns=list(NSTAR_COLUMNS))
     nstar = nstar.astype({"layer": "int64", "head": "int64"})
     return restrict, nstar

@@ -8,7 +8,6 @@ accumulator. Nothing of size T x T outlives its layer.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +75,10 @@ def make_accumulators(config, num_tokens: int) -> Accumulators:
     if "taxonomy" in config.analyses:
         from attngeom.core.taxonomy import TaxonomyAccumulator
 
-        acc["taxonomy"] = TaxonomyAccumulator()
+        acc["taxonomy"] = TaxonomyAccumulator(
+            counted="final" if config.query_mode == "final" else "half",
+            rule=config.regime_rule, n_boot=config.bootstrap, seed=config.seed,
+        )
     if "bounds" in config.analyses:
         from attngeom.core.bounds import BoundsAccumulator
 
@@ -99,6 +101,13 @@ class StreamStats:
     layers_seen: set = field(default_factory=set)
 
 
+def window_rows(config, windows: Sequence, causal: bool) -> list[torch.Tensor]:
+    """The analysed query positions of each window: content positions only (SPEC 2)."""
+    num_tokens = int(windows[0].input_ids.shape[-1])
+    return [query_positions(config.query_mode, num_tokens, causal=causal,
+                            special=getattr(w, "special", None)) for w in windows]
+
+
 def stream_windows(
     model,
     layout,
@@ -108,46 +117,71 @@ def stream_windows(
     *,
     progress: bool | Callable = True,
 ) -> StreamStats:
-    """Run every window through the model once and feed each layer to the accumulators."""
+    """Run every window through the model once and feed each layer to the accumulators.
+
+    Each window analyses its own content positions; a forward batch captures the union
+    of its windows' rows and hands each window only its own. Value statistics live for
+    one layer at a time, so nothing of size T x T outlives its layer (SPEC 8).
+    """
     from attngeom.capture import capture_attention
 
     num_tokens = int(windows[0].input_ids.shape[-1])
-    rows = query_positions(config.query_mode, num_tokens, causal=layout.is_causal)
     device = next(model.parameters()).device
-    rows_dev = rows.to(device)
     stats = StreamStats()
     current: list = []
-    cache: dict[int, tuple[int, list[ValueStats]]] = {}
+    own_rows: list[torch.Tensor] = []
+    cache: dict[str, object] = {}
 
     def consume(cap) -> None:
         stats.layers_seen.add(cap.layer)
-        key = id(cap.values)
-        cached = cache.get(cap.layer)
-        if cached is None or cached[0] != key:
-            per_window = [ValueStats(cap.values[b].float()) for b in range(cap.values.shape[0])]
-            cache[cap.layer] = (key, per_window)
-        per_window = cache[cap.layer][1]
-        rows = cap.query_rows.to(cap.alpha.device)
-        accumulators.update_many([
-            AttentionBatch(
-                window=int(win.index), layer=int(cap.layer), alpha=cap.alpha[b].float(),
-                visible=cap.visible[b], query_positions=rows, stats=per_window[b],
-            )
-            for b, win in enumerate(current)
-        ])
+        key = (cap.layer, id(cap.values))
+        if cache.get("key") != key:  # a new layer: the previous layer's stats are dropped
+            cache["key"] = key
+            cache["stats"] = [ValueStats(cap.values[b].float())
+                              for b in range(cap.values.shape[0])]
+        per_window = cache["stats"]
+        chunk = cap.query_rows
+        batches = []
+        for b, win in enumerate(current):
+            rows = chunk
+            alpha, visible = cap.alpha[b], cap.visible[b]
+            mine = own_rows[b]
+            if not torch.equal(mine, chunk):
+                keep = torch.isin(chunk, mine)
+                if not bool(keep.any()):
+                    continue
+                idx = torch.nonzero(keep).flatten()
+                rows = chunk[idx]
+                idx = idx.to(alpha.device)
+                alpha = alpha.index_select(1, idx)
+                if visible.shape[1] != 1:
+                    visible = visible.index_select(1, idx)
+            batches.append(AttentionBatch(
+                window=int(win.index), layer=int(cap.layer), alpha=alpha.float(),
+                visible=visible, query_positions=rows.to(alpha.device), stats=per_window[b],
+                tokens=win.input_ids,
+            ))
+        if batches:
+            accumulators.update_many(batches)
 
     bar = _progress(progress, len(windows), num_tokens)
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (SPEC 8)
     chunk = config.chunk_size or DEFAULT_CHUNK_ROWS
-    with torch.inference_mode(), capture_attention(
-        model, consume, query_rows=rows_dev, chunk_size=chunk
-    ):
+    with torch.inference_mode():
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
+            own_rows[:] = window_rows(config, current, layout.is_causal)
+            union = torch.unique(torch.cat(own_rows))
+            if union.numel() == 0:
+                stats.windows += len(current)
+                continue
             ids = torch.stack([w.input_ids for w in current]).to(device)
             cache.clear()
-            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            with capture_attention(model, consume, query_rows=union.to(device),
+                                   chunk_size=chunk):
+                model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            cache.clear()
             stats.forward_calls += 1
             if stats.forward_calls == 1:
                 _check_all_layers(stats, layout)  # fail on the first batch, not the last
@@ -188,7 +222,7 @@ def _progress(progress, total: int, num_tokens: int):
 def grid_report(n_grid: Sequence[int], num_tokens: int, query_mode: str, causal: bool) -> dict:
     """Which N of the grid can never be valid for these windows (reported, not averaged)."""
     rows = query_positions(query_mode, num_tokens, causal=causal)
-    largest = int(rows.max()) + 1 if causal else num_tokens
+    largest = int(rows.max()) + 1 if causal and rows.numel() else num_tokens
     never = [int(n) for n in n_grid if n >= largest]
     return {"largest_universe": largest, "never_valid_n": never}
 
@@ -201,6 +235,3 @@ def check_window_fits(window_length: int, layout) -> None:
             f"{limit} positions; pass --window-length {limit} or less"
         )
 
-
-def finite_or_nan(x: float) -> float:
-    return x if math.isfinite(x) else float("nan")

@@ -13,7 +13,9 @@ from pathlib import Path
 from attngeom.core.accumulators import VARIANTS, check_choices
 from attngeom.core.geometry import DISTANCES, RULES
 from attngeom.core.queries import parse_query_mode
+from attngeom.core.taxonomy import REGIME_RULES
 from attngeom.errors import ConfigError
+from attngeom.pipeline.windows import check_boundary_options
 
 ANALYSES = ("metrics", "sink", "taxonomy", "bounds", "assumptions")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -74,6 +76,9 @@ class AnalysisConfig:
     analyses: tuple[str, ...] = ANALYSES
     text_column: str = "text"
     separator: str | None = None
+    doc_boundary: str = "auto"
+    boundary_token: str | None = None
+    regime_rule: str = "single"
     model_label: str | None = None
     corpus_label: str | None = None
 
@@ -111,6 +116,10 @@ class AnalysisConfig:
             raise ConfigError(f"bootstrap: expected >= 0 replicates, got {self.bootstrap}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_boundary_options(self.doc_boundary, self.boundary_token)
+        if self.regime_rule not in REGIME_RULES:
+            raise ConfigError(f"regime_rule: expected one of {', '.join(REGIME_RULES)}, "
+                              f"got {self.regime_rule!r}")
         if "metrics" not in self.analyses and "bounds" in self.analyses:
             raise ConfigError("analyses: 'bounds' needs 'metrics' (the bounds sit beside them)")
 

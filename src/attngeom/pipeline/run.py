@@ -47,10 +47,15 @@ def label_of(path_or_id: str) -> str:
 
 
 def load_windows(config: AnalysisConfig, tokenizer, *, n_windows=None, start_window=None):
-    """Read the corpus and cut it into windows of ``config.window_length`` tokens."""
-    from attngeom.pipeline.corpus import read_documents
-    from attngeom.pipeline.windows import make_windows
+    """Read the corpus and cut it into windows of ``config.window_length`` tokens.
 
+    Returns ``(windows, corpus_info, policy)``; ``policy`` is the document-boundary
+    policy (SPEC 7) the windows follow.
+    """
+    from attngeom.pipeline.corpus import read_documents
+    from attngeom.pipeline.windows import boundary_policy, make_windows
+
+    policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
     docs, info = read_documents(
         config.corpus, text_column=config.text_column, separator=config.separator
     )
@@ -58,20 +63,23 @@ def load_windows(config: AnalysisConfig, tokenizer, *, n_windows=None, start_win
         docs, tokenizer, config.window_length,
         n_windows=config.n_windows if n_windows is None else n_windows,
         start_window=config.start_window if start_window is None else start_window,
+        policy=policy, name=getattr(info, "name", None),
     )
     if not windows:
         raise CorpusError(
             f"corpus {config.corpus} gives no window of {config.window_length} tokens "
             f"from window {config.start_window} on"
         )
-    return windows, info
+    return windows, info, policy
 
 
 def model_identity(name: str, model, layout) -> dict:
     from attngeom.results.manifest import directory_sha256
 
-    p = Path(name)
-    digest = directory_sha256(p) if p.is_dir() else None
+    from attngeom.results.manifest import file_sha256
+
+    p = Path(name).expanduser()
+    digest = directory_sha256(p) if p.is_dir() else file_sha256(p) if p.is_file() else None
     return {
         "name": name,
         "class": layout.model_class,
@@ -94,7 +102,7 @@ def run_analysis(
     model_and_tokenizer=None,
 ) -> AnalysisResult:
     """Analyse ``config.model`` on ``config.corpus`` (SPEC 1-5); write tables if ``out_dir``."""
-    from attngeom.capture import load_model, model_layout
+    from attngeom.capture import load_model, load_tokenizer, model_layout
     from attngeom.pipeline import tables as tb
     from attngeom.results.io import prepare_run_dir, write_manifest, write_table
     from attngeom.results.manifest import build_manifest, config_fingerprint
@@ -105,17 +113,20 @@ def run_analysis(
     if out_dir is not None:  # refuse another run's directory now; clear it only when writing
         prepare_run_dir(out_dir, command="analyze", fingerprint=fingerprint,
                         overwrite=overwrite, check_only=True)
+    # the tokenizer first: a bad corpus or boundary option fails before the model loads
+    tokenizer = load_tokenizer(config.model) if model_and_tokenizer is None else (
+        model_and_tokenizer[1])
+    windows, corpus_info, policy = load_windows(config, tokenizer)
+    timings["windows_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
     if model_and_tokenizer is None:
-        model, tokenizer = load_model(config.model, device=config.device, dtype=config.dtype)
+        model, tokenizer = load_model(config.model, device=config.device, dtype=config.dtype,
+                                      tokenizer=tokenizer)
     else:
-        model, tokenizer = model_and_tokenizer
+        model = model_and_tokenizer[0]
     layout = model_layout(model)
     check_window_fits(config.window_length, layout)
-    timings["load_model_s"] = time.perf_counter() - t0
-
-    t1 = time.perf_counter()
-    windows, corpus_info = load_windows(config, tokenizer)
-    timings["windows_s"] = time.perf_counter() - t1
+    timings["load_model_s"] = time.perf_counter() - t1
 
     grid = grid_report(config.n_grid, config.window_length, config.query_mode, layout.is_causal)
     accumulators = make_accumulators(config, config.window_length)
@@ -130,6 +141,8 @@ def run_analysis(
     effect = None
     for name, cols in raw.items():
         df = tb.frame(cols, model=model_label, corpus=corpus_label)
+        if name == "sink_tokens":
+            df = tb.with_token_text(df, tokenizer)
         if name == "sink_effect":
             effect = df
         else:
@@ -155,6 +168,7 @@ def run_analysis(
     }
     timings["total_s"] = time.perf_counter() - t0
     corpus_meta = _corpus_meta(corpus_info, windows, config)
+    corpus_meta["boundary_policy"] = policy.to_dict()
     manifest = build_manifest(
         command="analyze",
         config=config.to_dict(),

@@ -78,6 +78,29 @@ _SUMMARY_COLUMNS = [
 ]
 
 
+def with_token_text(sink_tokens, tokenizer):
+    """``sink_tokens`` with a ``token`` column: each id as the tokenizer writes it.
+
+    The position-0 line of a run whose windows start with different tokens reads
+    ``(window start)``.
+    """
+    df = sink_tokens.copy()
+    ids = df["token_id"].to_numpy()
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    text = {int(i): _token_text(tokenizer, int(i), special) for i in set(ids.tolist()) if i >= 0}
+    df.insert(df.columns.get_loc("token_id") + 1, "token",
+              [text[int(i)] if i >= 0 else "(window start)" for i in ids])
+    return df
+
+
+def _token_text(tokenizer, token_id: int, special: set[int]) -> str:
+    """A special token by name (``<s>``, ``[SEP]``), any other as its quoted text
+    (``'.'``, ``'\\n'``), so that whitespace stays visible."""
+    if token_id in special:
+        return str(tokenizer.convert_ids_to_tokens(token_id))
+    return repr(tokenizer.decode([token_id]))
+
+
 def sink_table(sink, effect):
     """SPEC 3 sink statistics joined with the F_N split by whether the sink was selected.
 

@@ -1,39 +1,38 @@
 """Token windows of exactly T tokens cut from a list of documents (SPEC 7).
 
-Window policy, and why:
+Document boundaries follow the model's own training convention, decided from its
+tokenizer (``boundary_policy``), because a token the model never saw between
+documents becomes a sink the corpus invented (llama2.c models never saw EOS):
 
-1. **Frame.** Every window is ``prefix + content + suffix``, where prefix and suffix
-   are the special tokens the tokenizer itself puts around one sequence, found by
-   encoding a probe text with and without ``add_special_tokens`` (the transformers 5
-   fast tokenizers no longer have ``build_inputs_with_special_tokens``): ``<s>`` first
-   for Llama-style tokenizers, ``[CLS] ... [SEP]`` for BERT. SPEC 7 asks for BOS at
-   position 0 "where the tokenizer has one", so with ``add_bos=None`` a tokenizer
-   that defines a BOS token but does not add it (GPT-2, GPT-NeoX/Pythia) gets it
-   prepended as well; ``add_bos=False`` keeps exactly the tokenizer's own frame.
-   Position 0 is then the same token in every window, which is what SPEC 3's sink
-   analysis compares across windows.
-2. **Stream.** Each document is tokenised on its own, without special tokens, and
-   the documents' tokens are concatenated in order with one separator token
-   between consecutive documents (the EOS token by default, else the tokenizer's
-   SEP token, else nothing). This is how causal LMs are trained on packed text
-   (GPT-2's ``<|endoftext|>``, Llama's ``</s>``), it wastes no tokens on padding,
-   and, for tokenizers whose BOS differs from EOS (Llama), it keeps BOS out of the
-   middle of a window, where it could create a second sink. Where BOS and EOS are
-   one token (GPT-2, Pythia) the separator is that token, as in those models'
-   training data; ``sink_positions`` then reports any mid-window sink it creates.
-   Documents longer than ``MAX_PIECE_CHARS`` characters are tokenised in
-   pieces cut at a line break (or a space), which bounds memory; the cut depends on
-   the text alone.
-3. **Cut.** The stream is cut into consecutive, non-overlapping chunks of
-   ``L = T - len(prefix) - len(suffix)`` tokens: window ``i`` holds stream tokens
-   ``[i*L, (i+1)*L)``. A window may start or end inside a document. The incomplete
-   last chunk is dropped, so every window has exactly ``T`` tokens.
+- ``bos``: the tokenizer puts BOS in front of every text (Llama, Mistral, Gemma,
+  llama2.c models). BOS starts every document, including documents that start
+  inside a window, and every window starts with BOS: the document's own where a
+  document begins at the window's first token, an inserted one otherwise.
+- ``eos``: the tokenizer adds nothing and the vocabulary has an end-of-text token
+  (``<|endoftext|>``, else the EOS token): GPT-2, GPT-NeoX/Pythia, Qwen, SmolLM2. It
+  goes between documents. Where it is also the tokenizer's BOS (GPT-2, Pythia) it
+  starts every window as above; otherwise (SmolLM2, whose declared BOS is the chat
+  token ``<|im_start|>``) the model has no document-start token and position 0 is
+  whatever token starts the window.
+- ``sep``: encoders (the tokenizer closes a text with ``[SEP]``). Every window is
+  framed ``[CLS] ... [SEP]`` and documents inside a window are joined with
+  ``[SEP]``, the segment boundary BERT was trained on.
+- ``none``: nothing between documents (a tokenizer with no such token).
 
-Because a document's tokens never depend on the other documents or on how they
-were batched, window ``i`` is always the same tokens for the same documents,
-tokenizer and ``T``: shards (``start_window``/``n_windows``) and resumed runs agree
-with a single run (ROADMAP), and ``window_fingerprint`` can prove it. Tokenising
-stops as soon as the requested windows are complete.
+``doc_boundary`` overrides the choice (``--doc-boundary``) and ``boundary_token``
+the token (``--boundary-token``; it must be in the vocabulary). The policy goes to
+the manifest (``BoundaryPolicy.to_dict``).
+
+Each document is tokenised on its own, without special tokens, and the stream of
+documents and boundary tokens is cut into consecutive windows of ``T`` tokens
+(documents longer than ``MAX_PIECE_CHARS`` characters are tokenised in pieces cut
+at a line break or space, which bounds memory). The incomplete last window is
+dropped. Window ``i`` is always the same tokens for the same documents, tokenizer,
+policy and ``T``, so shards (``start_window``/``n_windows``) and resumed runs agree
+with a single run, and ``window_fingerprint`` can prove it. Each window also marks
+its **special** positions (frame and boundary tokens): queries are content
+positions (SPEC 2), so analyses skip them as queries while keeping them as keys.
+Tokenising stops as soon as the requested windows are complete.
 """
 
 from __future__ import annotations
@@ -47,23 +46,31 @@ import torch
 
 from attngeom.errors import ConfigError, CorpusError
 
-__all__ = ["Window", "make_windows", "special_token_frame", "window_fingerprint"]
+__all__ = [
+    "BOUNDARY_KINDS", "BoundaryPolicy", "Window", "boundary_policy", "make_windows",
+    "special_token_frame", "window_fingerprint",
+]
 
 MAX_PIECE_CHARS = 1 << 22  # 4 Mi characters
 _BATCH_CHARS = 1 << 18  # characters handed to the tokenizer per call
 _PROBES = ("Hello world", "a", "0", "The")
+BOUNDARY_KINDS = ("auto", "bos", "eos", "sep", "none")
+END_OF_TEXT = "<|endoftext|>"
 
 
 @dataclass(frozen=True, eq=False)
 class Window:
-    """One window: its global index in the corpus and its ``T`` token ids.
+    """One window: its global index in the corpus, its ``T`` token ids and special mask.
 
-    ``input_ids`` is a 1-D ``torch.int64`` tensor of shape (T,). Compare windows
-    with ``torch.equal(a.input_ids, b.input_ids)`` (``==`` is identity).
+    ``input_ids`` is a 1-D ``torch.int64`` tensor of shape (T,); ``special`` (T,) bool
+    marks frame and document-boundary tokens (never analysed as queries), ``None``
+    when unknown (every position is content). Compare windows with
+    ``torch.equal(a.input_ids, b.input_ids)`` (``==`` is identity).
     """
 
     index: int
     input_ids: torch.Tensor
+    special: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -72,20 +79,42 @@ class Window:
         return f"Window(index={self.index}, T={len(self)})"
 
 
+@dataclass(frozen=True)
+class BoundaryPolicy:
+    """How documents are joined and windows framed (module docstring).
+
+    ``token_id`` goes at every document boundary (``None``: nothing); with
+    ``window_start`` it also starts every window (and every document, the first
+    included). ``prefix`` / ``suffix`` frame every window's content (the tokenizer's
+    own special tokens less the merged start token). ``reason`` says why.
+    """
+
+    kind: str
+    token_id: int | None
+    token: str | None
+    window_start: bool
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "token_id": self.token_id, "token": self.token,
+                "window_start": self.window_start, "prefix": list(self.prefix),
+                "suffix": list(self.suffix), "reason": self.reason}
+
+
 def _ids(encoding) -> list[int]:
     ids = encoding["input_ids"]
     return list(ids)
 
 
-def special_token_frame(tokenizer, *, add_bos: bool | None = None) -> tuple[list[int], list[int]]:
-    """The ids ``(prefix, suffix)`` a window's content is framed with (policy 1).
+def special_token_frame(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids ``(prefix, suffix)`` the tokenizer itself puts around one text.
 
     Found generically: a probe text is encoded with and without special tokens and
     the content's position in the first locates the prefix and suffix; the count is
-    checked against ``tokenizer.num_special_tokens_to_add()`` where it exists.
-    ``add_bos=None`` prepends ``tokenizer.bos_token_id`` when the tokenizer defines it
-    but does not put it first itself; ``True`` requires a BOS token; ``False`` keeps
-    the tokenizer's own special tokens only.
+    checked against ``tokenizer.num_special_tokens_to_add()`` where it exists (the
+    transformers 5 fast tokenizers have no ``build_inputs_with_special_tokens``).
     """
     expected = None
     if hasattr(tokenizer, "num_special_tokens_to_add"):
@@ -93,7 +122,6 @@ def special_token_frame(tokenizer, *, add_bos: bool | None = None) -> tuple[list
             expected = int(tokenizer.num_special_tokens_to_add())
         except (TypeError, ValueError, NotImplementedError):
             expected = None
-    frame = None
     for probe in _PROBES:
         full = _ids(tokenizer(probe, add_special_tokens=True))
         content = _ids(tokenizer(probe, add_special_tokens=False))
@@ -106,32 +134,123 @@ def special_token_frame(tokenizer, *, add_bos: bool | None = None) -> tuple[list
         prefix, suffix = full[:at], full[at + k :]
         if expected is not None and len(prefix) + len(suffix) != expected:
             continue
-        frame = (prefix, suffix)
-        break
-    if frame is None:
+        return [int(i) for i in prefix], [int(i) for i in suffix]
+    raise ConfigError(
+        f"cannot tell which special tokens {type(tokenizer).__name__} adds: encoding "
+        f"{_PROBES[0]!r} with and without add_special_tokens does not differ by "
+        f"{expected if expected is not None else 'a'} prefix/suffix"
+    )
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    """The id of ``token`` if the vocabulary (added tokens included) holds it."""
+    vocab = tokenizer.get_vocab()
+    value = vocab.get(token)
+    return int(value) if isinstance(value, int) else None
+
+
+def _token_text(tokenizer, token_id: int | None) -> str | None:
+    if token_id is None:
+        return None
+    return str(tokenizer.convert_ids_to_tokens(int(token_id)))
+
+
+def _end_of_text(tokenizer) -> int | None:
+    eot = _token_id(tokenizer, END_OF_TEXT)
+    if eot is not None:
+        return eot
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return int(eos) if isinstance(eos, int) else None
+
+
+def check_boundary_options(doc_boundary: str, boundary_token: str | None) -> None:
+    """Fail fast (no tokenizer needed) on a malformed boundary override."""
+    if doc_boundary not in BOUNDARY_KINDS:
         raise ConfigError(
-            f"cannot tell which special tokens {type(tokenizer).__name__} adds: encoding "
-            f"{_PROBES[0]!r} with and without add_special_tokens does not differ by "
-            f"{expected if expected is not None else 'a'} prefix/suffix"
+            f"doc_boundary: expected one of {', '.join(BOUNDARY_KINDS)}, got {doc_boundary!r}"
         )
-    prefix, suffix = frame
+    if boundary_token is not None:
+        if not isinstance(boundary_token, str) or not boundary_token:
+            raise ConfigError(
+                f"boundary_token: expected a token string, got {boundary_token!r}"
+            )
+        if doc_boundary in ("auto", "none"):
+            raise ConfigError(
+                f"boundary_token: expected --doc-boundary bos, eos or sep with a boundary "
+                f"token, got doc_boundary {doc_boundary!r}"
+            )
+
+
+def boundary_policy(
+    tokenizer, doc_boundary: str = "auto", boundary_token: str | None = None
+) -> BoundaryPolicy:
+    """Decide how documents are joined and windows framed for this tokenizer.
+
+    ``doc_boundary="auto"`` follows the module docstring's rules; ``bos``, ``eos``,
+    ``sep`` or ``none`` force a policy, with ``boundary_token`` (a token string the
+    vocabulary must hold) in place of the tokenizer's own. Raises ``ConfigError``
+    naming the token for an unknown ``boundary_token``, or a forced policy the
+    tokenizer has no token for.
+
+    >>> boundary_policy(tok).kind              # doctest: +SKIP
+    'bos'
+    """
+    check_boundary_options(doc_boundary, boundary_token)
+    name = type(tokenizer).__name__
+    prefix, suffix = special_token_frame(tokenizer)
     bos = getattr(tokenizer, "bos_token_id", None)
-    if add_bos is True and bos is None:
-        raise ConfigError(
-            f"add_bos=True: expected a tokenizer with a BOS token, got "
-            f"{type(tokenizer).__name__} without one"
-        )
-    if add_bos is not False and bos is not None and prefix[:1] != [int(bos)]:
-        prefix = [int(bos), *prefix]
-    return [int(i) for i in prefix], [int(i) for i in suffix]
+    bos = int(bos) if isinstance(bos, int) else None
+    forced = None
+    if boundary_token is not None:
+        forced = _token_id(tokenizer, boundary_token)
+        if forced is None:
+            raise ConfigError(
+                f"boundary_token: {boundary_token!r} is not a token of {name}'s vocabulary; "
+                "pass a token the tokenizer knows (e.g. its EOS or BOS token)"
+            )
+    kind = doc_boundary
+    if kind == "auto":
+        if suffix:
+            kind, why = "sep", "the tokenizer closes every text (an encoder): [CLS] ... [SEP]"
+        elif prefix and bos is not None and prefix == [bos]:
+            kind, why = "bos", "the tokenizer prepends BOS to every text"
+        elif _end_of_text(tokenizer) is not None:
+            kind, why = "eos", "the tokenizer adds no special token; end-of-text between documents"
+        else:
+            kind, why = "none", "the tokenizer adds no special token and has no end-of-text token"
+    else:
+        why = f"doc_boundary={doc_boundary!r} given"
 
-
-def _default_separator(tokenizer) -> int | None:
-    for attr in ("eos_token_id", "sep_token_id"):
-        value = getattr(tokenizer, attr, None)
-        if isinstance(value, int):
-            return value
-    return None
+    if kind == "bos":
+        token_id = forced if forced is not None else bos
+        if token_id is None:
+            raise ConfigError(f"doc_boundary 'bos': {name} has no BOS token; pass --boundary-token")
+        # the tokenizer's own BOS prefix is the merged window-start token
+        frame_prefix = prefix[1:] if prefix[:1] == [token_id] else prefix
+        return BoundaryPolicy("bos", token_id, _token_text(tokenizer, token_id), True,
+                              tuple(frame_prefix), tuple(suffix), why)
+    if kind == "eos":
+        token_id = forced if forced is not None else _end_of_text(tokenizer)
+        if token_id is None:
+            raise ConfigError(
+                f"doc_boundary 'eos': {name} has no end-of-text or EOS token; pass "
+                "--boundary-token"
+            )
+        start = not prefix and bos is not None and bos == token_id
+        if start:
+            why += "; it is also the BOS, so it starts every window"
+        elif not prefix:
+            why += "; no document-start token, so position 0 is whatever token starts the window"
+        return BoundaryPolicy("eos", token_id, _token_text(tokenizer, token_id), start,
+                              tuple(prefix), tuple(suffix), why)
+    if kind == "sep":
+        sep = getattr(tokenizer, "sep_token_id", None)
+        token_id = forced if forced is not None else (int(sep) if isinstance(sep, int) else None)
+        if token_id is None:
+            raise ConfigError(f"doc_boundary 'sep': {name} has no SEP token; pass --boundary-token")
+        return BoundaryPolicy("sep", token_id, _token_text(tokenizer, token_id), False,
+                              tuple(prefix), tuple(suffix), why)
+    return BoundaryPolicy("none", None, None, False, tuple(prefix), tuple(suffix), why)
 
 
 def _pieces(doc: str, limit: int) -> Iterator[str]:
@@ -147,13 +266,18 @@ def _pieces(doc: str, limit: int) -> Iterator[str]:
         yield doc
 
 
-def _stream(documents: Iterable[str], tokenizer, separator: int | None, need: int | None,
-            piece_chars: int) -> list[int]:
-    """Content-token stream of policy 2, stopping once it holds ``need`` tokens."""
+def _stream(documents: Iterable[str], tokenizer, policy: BoundaryPolicy, need: int | None,
+            piece_chars: int) -> tuple[list[int], list[int]]:
+    """Token stream and the stream indices of its boundary tokens, stopping at ``need``.
+
+    A boundary token goes before every document but the first, and before the first
+    too when it starts windows (``policy.window_start``).
+    """
     stream: list[int] = []
+    marks: list[int] = []
     batch: list[tuple[bool, str]] = []  # (starts a new document, text)
     chars = 0
-    first = True
+    token = policy.token_id
 
     def flush() -> None:
         texts = [t for _, t in batch]
@@ -162,8 +286,9 @@ def _stream(documents: Iterable[str], tokenizer, separator: int | None, need: in
             return_attention_mask=False, return_token_type_ids=False,
         )["input_ids"]
         for (starts_doc, _), ids in zip(batch, encoded, strict=True):
-            if starts_doc and stream and separator is not None:
-                stream.append(separator)
+            if starts_doc and token is not None and (stream or policy.window_start):
+                marks.append(len(stream))
+                stream.append(token)
             stream.extend(ids)
         batch.clear()
 
@@ -173,17 +298,47 @@ def _stream(documents: Iterable[str], tokenizer, separator: int | None, need: in
         if not doc:
             continue
         for p, piece in enumerate(_pieces(doc, piece_chars)):
-            batch.append((p == 0 and not first, piece))
+            batch.append((p == 0, piece))
             chars += len(piece)
             if chars >= _BATCH_CHARS:
                 flush()
                 chars = 0
                 if need is not None and len(stream) >= need:
-                    return stream
-        first = False
+                    return stream, marks
     if batch:
         flush()
-    return stream
+    return stream, marks
+
+
+def _cut(stream: torch.Tensor, mark: torch.Tensor, policy: BoundaryPolicy, content: int,
+         stop: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive windows' (content ids, boundary mask), at most ``stop`` of them.
+
+    Without a window-start token the windows are consecutive chunks of ``content``
+    tokens. With one, a window whose first stream token is a document's own boundary
+    token takes ``content`` stream tokens; any other gets the token inserted and takes
+    ``content - 1`` (so every window starts with it and none holds it twice in a row).
+    """
+    n = int(stream.numel())
+    out = []
+    p = 0
+    token = policy.token_id
+    while stop is None or len(out) < stop:
+        insert = policy.window_start and p < n and not bool(mark[p])
+        if insert:
+            take = content - 1
+            if p + take > n:
+                break
+            ids = torch.cat([torch.tensor([token], dtype=torch.long), stream[p : p + take]])
+            flags = torch.cat([torch.ones(1, dtype=torch.bool), mark[p : p + take]])
+        else:
+            take = content
+            if p + take > n:
+                break
+            ids, flags = stream[p : p + take], mark[p : p + take]
+        out.append((ids, flags))
+        p += take
+    return out
 
 
 def make_windows(
@@ -193,19 +348,17 @@ def make_windows(
     *,
     n_windows: int | None = None,
     start_window: int = 0,
-    add_bos: bool | None = None,
-    separator_id: int | None | str = "auto",
+    policy: BoundaryPolicy | None = None,
     name: str | None = None,
 ) -> list[Window]:
     """Windows ``start_window .. start_window + n_windows - 1`` of ``window_length`` tokens.
 
-    Follows the module's window policy (tokenizer's frame, documents packed with a
-    separator token, cut into consecutive chunks); indices are global, so window
-    ``i`` is the same whatever range is asked for. ``n_windows=None`` returns every
-    complete window from ``start_window`` on; fewer than ``n_windows`` come back when
-    the corpus ends first, and none when ``start_window`` is past its end.
-    ``separator_id="auto"`` joins documents with EOS (else SEP, else nothing); pass
-    an id or None to choose. ``name`` (e.g. ``CorpusInfo.name``) only labels errors.
+    Follows ``policy`` (default: ``boundary_policy(tokenizer)``, see the module
+    docstring); indices are global, so window ``i`` is the same whatever range is
+    asked for. ``n_windows=None`` returns every complete window from ``start_window``
+    on; fewer than ``n_windows`` come back when the corpus ends first, and none when
+    ``start_window`` is past its end. ``name`` (e.g. ``CorpusInfo.name``) only labels
+    errors.
 
     Raises ``CorpusError`` when the corpus cannot fill one window, ``ConfigError``
     for bad arguments.
@@ -228,41 +381,38 @@ def make_windows(
     if isinstance(documents, (str, bytes)):
         raise ConfigError("documents: expected a list of strings, got a single string")
 
-    prefix, suffix = special_token_frame(tokenizer, add_bos=add_bos)
-    n_special = len(prefix) + len(suffix)
-    content = window_length - n_special
-    if content < 1:
+    policy = boundary_policy(tokenizer) if policy is None else policy
+    prefix, suffix = list(policy.prefix), list(policy.suffix)
+    n_special = len(prefix) + len(suffix) + int(policy.window_start)
+    content = window_length - len(prefix) - len(suffix)
+    if content - int(policy.window_start) < 1:
         raise ConfigError(
             f"window_length: expected more than the {n_special} special tokens "
             f"{type(tokenizer).__name__} adds, got {window_length}"
         )
-    if separator_id == "auto":
-        separator = _default_separator(tokenizer)
-    elif separator_id is None or (
-        isinstance(separator_id, int) and not isinstance(separator_id, bool)
-    ):
-        separator = separator_id
-    else:
-        raise ConfigError(
-            f"separator_id: expected 'auto', a token id or None, got {separator_id!r}"
-        )
-
     need = None if n_windows is None else (start_window + n_windows) * content
-    stream = _stream(documents, tokenizer, separator, need, MAX_PIECE_CHARS)
-    available = len(stream) // content
-    if available == 0:
-        extra = f" ({window_length} with {n_special} special tokens)" if n_special else ""
+    stream_list, marks = _stream(documents, tokenizer, policy, need, MAX_PIECE_CHARS)
+    stream = torch.tensor(stream_list, dtype=torch.long)
+    mark = torch.zeros(stream.numel(), dtype=torch.bool)
+    if marks:
+        mark[torch.tensor(marks, dtype=torch.long)] = True
+    stop = None if n_windows is None else start_window + n_windows
+    chunks = _cut(stream, mark, policy, content, stop)
+    if not chunks:
         label = f"corpus {name}" if name else "the corpus"
+        extra = f" ({window_length} with {n_special} special tokens)" if n_special else ""
         raise CorpusError(
-            f"{label} has {len(stream)} tokens; one window needs {content}{extra}"
+            f"{label} has {len(stream_list)} tokens; one window needs "
+            f"{window_length - n_special}{extra}"
         )
-    stop = available if n_windows is None else min(available, start_window + n_windows)
-    ids = torch.tensor(stream[: stop * content], dtype=torch.long)
     pre = torch.tensor(prefix, dtype=torch.long)
     suf = torch.tensor(suffix, dtype=torch.long)
+    pre_m = torch.ones(len(prefix), dtype=torch.bool)
+    suf_m = torch.ones(len(suffix), dtype=torch.bool)
     return [
-        Window(i, torch.cat([pre, ids[i * content : (i + 1) * content], suf]))
-        for i in range(start_window, stop)
+        Window(i, torch.cat([pre, ids, suf]), torch.cat([pre_m, flags, suf_m]))
+        for i, (ids, flags) in enumerate(chunks)
+        if i >= start_window
     ]
 
 

@@ -26,7 +26,7 @@ from attngeom.report.html import (
 
 SECTIONS = (
     ("separability", "Top-N separability", ("summary", "metrics")),
-    ("sink", "Attention sink", ("sink", "sink_positions")),
+    ("sink", "Attention sink", ("sink", "sink_tokens")),
     ("taxonomy", "Head taxonomy", ("taxonomy",)),
     ("bounds", "Certified bounds and assumptions", ("bounds", "assumptions")),
     ("interventions", "Interventions", ("pruning", "head_scan", "restrict", "restrict_nstar")),
@@ -83,7 +83,7 @@ def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
 
     key_tables = {
         "separability": F.separability_tables(summary),
-        "sink": F.sink_tables(run.get("sink"), run.get("sink_positions")),
+        "sink": F.sink_tables(run.get("sink"), run.get("sink_tokens")),
         "taxonomy": F.taxonomy_tables(run.get("taxonomy")),
         "bounds": F.bounds_tables(run.get("bounds"), run.get("assumptions")),
         "interventions": (F.pruning_tables(run.get("pruning"))
@@ -139,6 +139,7 @@ def _findings(run: RunTables, summary) -> list[str]:
 
         out += F.separability_findings(only(summary), label)
         out += F.sink_findings(only(run.get("sink")), label)
+        out += F.sink_token_findings(only(run.get("sink_tokens")), label)
         out += F.taxonomy_findings(only(run.get("taxonomy")), label)
         out += F.bounds_findings(only(run.get("bounds")), label)
         out += F.pruning_findings(only(run.get("pruning")), label)

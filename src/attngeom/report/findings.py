@@ -13,6 +13,7 @@ import pandas as pd
 from attngeom.report.html import fmt
 
 REGIMES = ("Retriever", "Mixer", "Reset", "none")
+STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncertain
 
 
 def _main(summary):
@@ -108,17 +109,44 @@ def sink_findings(sink, model_label: str = "") -> list[str]:
     return out
 
 
-def sink_tables(sink, sink_positions) -> list[tuple[str, pd.DataFrame]]:
+def sink_token_findings(sink_tokens, model_label: str = "") -> list[str]:
+    if sink_tokens is None:
+        return []
+    found = sink_tokens[(sink_tokens["position"] != 0) & sink_tokens["detected"].astype(bool)]
+    heads = sink_tokens[["layer", "head"]].drop_duplicates().shape[0]
+    if found.empty:
+        return [f"{model_label}No token other than position 0 is a sink in any of {heads} "
+                "heads (mean share >= 0.1 and >= 5x uniform, queries >= 16 positions away)."]
+    by_token = found.groupby("token").agg(heads=("head", "size"),
+                                          share=("mean_share", "median"))
+    by_token = by_token.sort_values("heads", ascending=False)
+    names = ", ".join(f"{tok} in {int(r.heads)} heads (median share {fmt(r.share)})"
+                      for tok, r in by_token.head(4).iterrows())
+    return [f"{model_label}Sinks by token other than position 0: {names}"
+            f"{' ...' if len(by_token) > 4 else ''}."]
+
+
+def sink_tables(sink, sink_tokens) -> list[tuple[str, pd.DataFrame]]:
     out = []
     if sink is not None:
         per_layer = sink.groupby(["model", "corpus", "layer"]).agg(
             heads=("head", "nunique"), norm_ratio_median=("norm_ratio", "median"),
             sink_cos_mean=("sink_cos_mean", "mean"), sink_mass_mean=("sink_mass", "mean"))
         out.append(("Sink geometry by layer (over heads)", per_layer))
-    if sink_positions is not None:
-        top = sink_positions.sort_values("mass_share", ascending=False).head(20)
-        out.append(("Sinks detected at positions other than 0 (largest 20 by mass share)",
-                    top.set_index(["model", "corpus", "layer", "head"])))
+    if sink_tokens is not None:
+        zero = sink_tokens[sink_tokens["position"] == 0]
+        per_layer = zero.groupby(["model", "corpus", "layer"]).agg(
+            token=("token", "first"), mean_share=("mean_share", "mean"),
+            lift=("lift", "mean"), heads_detected=("detected", "sum"))
+        out.append(("Position 0 by layer (queries >= 16 positions later; mean over heads)",
+                    per_layer))
+        found = sink_tokens[(sink_tokens["position"] != 0)
+                            & sink_tokens["detected"].astype(bool)]
+        if len(found):
+            top = found.sort_values("mean_share", ascending=False).head(20)
+            cols = ["token", "token_id", "mean_share", "lift", "occurrences", "pairs"]
+            out.append(("Sinks by token identity other than position 0 (largest 20 by mean "
+                        "share)", top.set_index(["model", "corpus", "layer", "head"])[cols]))
     return out
 
 
@@ -133,6 +161,12 @@ def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
     if counts.get("none", 0):
         text += f", and {int(counts['none'])} with no valid query"
     out = [text + "."]
+    if "stability" in taxonomy.columns:
+        stab = taxonomy["stability"].astype(float)
+        rule = taxonomy["regime_rule"].iloc[0] if "regime_rule" in taxonomy else "single"
+        out.append(f"{model_label}Label stability (window bootstrap, {rule}-source rule): "
+                   f"median {fmt(stab.median())}; {int((stab < STABLE).sum())} of "
+                   f"{int(stab.notna().sum())} labels are unstable (< {fmt(STABLE)}).")
     means = taxonomy.groupby(taxonomy["regime"].astype(str))[["f_self", "f_sink", "f_other"]]
     means = means.mean()
     if "Mixer" in means.index:
@@ -147,13 +181,21 @@ def taxonomy_tables(taxonomy) -> list[tuple[str, pd.DataFrame]]:
     counts = (taxonomy.assign(regime=taxonomy["regime"].astype(str))
               .groupby(["model", "corpus", "layer", "regime"]).size().unstack(fill_value=0))
     counts = counts[[r for r in REGIMES if r in counts.columns]]
-    cols = [c for c in ("f_self", "f_sink", "f_other", "sink_alignment", "self_alignment",
+    cols = [c for c in ("winning_share", "runner_up_share", "stability", "f_self", "f_sink",
+                        "f_other", "top_source_share", "sink_alignment", "self_alignment",
                         "mean_output_norm") if c in taxonomy.columns]
     keys = ["model", "corpus", taxonomy["regime"].astype(str)]
     signature = taxonomy.groupby(keys)[cols].mean()
     signature.insert(0, "heads", taxonomy.groupby(keys).size())
-    return [("Heads per regime by layer", counts),
-            ("Regime signatures (mean over heads)", signature)]
+    out = [("Heads per regime by layer", counts),
+           ("Regime signatures (mean over heads)", signature)]
+    if "top_source_kind" in taxonomy.columns:
+        src = taxonomy[taxonomy["top_source_kind"] != "none"]
+        common = (src.groupby(["model", "corpus", "top_source_kind", "top_source"]).size()
+                  .rename("heads").sort_values(ascending=False).head(10).to_frame())
+        out.append(("Most frequent single other source (heads whose top other source it is)",
+                    common))
+    return out
 
 
 def bounds_findings(bounds, model_label: str = "") -> list[str]:
@@ -164,10 +206,14 @@ def bounds_findings(bounds, model_label: str = "") -> list[str]:
     out = [f"{model_label}The constant-norm envelope certifies separability for "
            f"{fmt(100 * certified, 3)}% of (head, N) pairs; median largest certified N over "
            f"heads: {fmt(largest.median())}."]
-    if "violation_rate" in bounds.columns:
-        worst = bounds["violation_max"].max() if "violation_max" in bounds else np.nan
-        out.append(f"{model_label}Fitted assumptions are violated at a mean rate of "
-                   f"{fmt(bounds['violation_rate'].mean())} (largest violation {fmt(worst)}).")
+    if "pair_violation_rate" in bounds.columns:
+        q = bounds["mu_quantile"].iloc[0]
+        out.append(f"{model_label}The coherence mu is the fitted {fmt(q)} quantile of |cos| over "
+                   f"non-sink pairs, so {fmt(bounds['pair_violation_rate'].mean())} of pairs "
+                   f"exceed it by construction (largest excess "
+                   f"{fmt(bounds['pair_violation_max'].max())}); the sink cosine has the "
+                   f"opposite sign to its fitted mean in "
+                   f"{fmt(bounds['sink_cos_violation_rate'].mean())} of sink pairs.")
     return out
 
 
@@ -250,10 +296,14 @@ def restrict_findings(restrict, nstar, model_label: str = "") -> list[str]:
     out = []
     if nstar is not None:
         model_rows = nstar[nstar["scope"] == "model"]
+        largest = int(restrict["n"].max()) if restrict is not None else None
         for r in model_rows.sort_values(["renormalize", "tau"]).itertuples():
             kind = "renormalised" if r.renormalize else "not renormalised"
+            above = getattr(r, "n_star_status", "") == "above_grid"
+            value = (f"above the largest N tried ({largest})" if above and largest
+                     else "above the largest N tried" if above else fmt(r.n_star))
             out.append(f"{model_label}Effective set size N*_tau at tau = {fmt(r.tau)} "
-                       f"({kind}, whole model): {fmt(r.n_star)}.")
+                       f"({kind}, whole model): {value}.")
     elif restrict is not None:
         rows = restrict[restrict["scope"] == "model"]
         if len(rows):

@@ -12,8 +12,8 @@ that "undefined" is NaN, never 0 (STYLE 10).
 
 >>> list(SCHEMAS["taxonomy"])[:4]
 ['model', 'corpus', 'layer', 'head']
->>> ROW_KEYS["sink_positions"]
-('model', 'corpus', 'layer', 'head', 'position')
+>>> ROW_KEYS["sink_tokens"]
+('model', 'corpus', 'layer', 'head', 'position', 'token_id')
 """
 
 from __future__ import annotations
@@ -55,16 +55,22 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "f_full_sink_unselected:f f_nosink_sink_selected:f f_nosink_sink_unselected:f "
         "n_windows:i"
     ),
-    "sink_positions": _cols(_ID + "layer:i head:i position:i mass_share:f n_windows:i"),
+    "sink_tokens": _cols(
+        _ID + "layer:i head:i position:i token_id:i token:s occurrences:i pairs:i "
+        "mean_share:f uniform_share:f lift:f detected:b n_windows:i"
+    ),
     "taxonomy": _cols(
         _ID + "layer:i head:i n_queries:i f_self:f f_sink:f f_other:f offset_entropy:f "
-        "sink_alignment:f self_alignment:f mean_output_norm:f regime:s"
+        "sink_alignment:f self_alignment:f mean_output_norm:f regime:s regime_rule:s "
+        "winning_share:f runner_up_share:f top_source_kind:s top_source:i "
+        "top_source_share:f stability:f"
     ),
     "bounds": _cols(
-        _ID + "layer:i head:i n:i kappa:f mu:f sink_cos:f precision_envelope:f "
-        "recall_envelope:f f_envelope:f certified:b largest_certified_n:f "
-        "precision_measured:f recall_measured:f f_measured:f violation_rate:f "
-        "violation_max:f"
+        _ID + "layer:i head:i n:i kappa:f mu:f mu_quantile:f sink_cos:f "
+        "precision_envelope:f recall_envelope:f f_envelope:f certified:b "
+        "largest_certified_n:f precision_measured:f recall_measured:f f_measured:f "
+        "pair_violation_rate:f pair_violation_max:f sink_cos_violation_rate:f "
+        "sink_cos_violation_max:f"
     ),
     "assumptions": _cols(
         _ID + "layer:i head:i norm_cv:f sink_norm_ratio:f cos_decay_lambda:f "
@@ -82,7 +88,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         _ID + "scope:s layer:i head:i n:i renormalize:b nll:f perplexity:f delta_nll_rel:f"
     ),
     "restrict_nstar": _cols(
-        _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f"
+        _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f n_star_status:s"
     ),
 }
 
@@ -91,7 +97,7 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "metrics": (*_MC, "window", "layer", "head", "rule", "variant", "distance", "n"),
     "summary": (*_MC, "scope", "layer", "head", "rule", "variant", "distance", "n", "metric"),
     "sink": (*_MC, "layer", "head", "n"),
-    "sink_positions": (*_MC, "layer", "head", "position"),
+    "sink_tokens": (*_MC, "layer", "head", "position", "token_id"),
     "taxonomy": (*_MC, "layer", "head"),
     "bounds": (*_MC, "layer", "head", "n"),
     "assumptions": (*_MC, "layer", "head"),
