@@ -321,7 +321,7 @@ def test_previous_token_head_reads_offset_one_and_counted_half() -> None:
     assert (out["top_source_kind"][2], out["top_source"][2]) == ("offset", 1)
     assert out["n_queries"].tolist() == [4 * 8] * 6  # t = 8..15 of each window
     assert (out["top_source_kind"][3], out["top_source"][3]) == ("position", 2)
-    assert 0.0 <= out["stability"].min() and out["stability"].max() <= 1.0
+    assert out["stability"].min() >= 0.0 and out["stability"].max() <= 1.0
 
 
 def test_stability_is_nan_without_bootstrap_and_bad_options() -> None:

@@ -15,7 +15,8 @@ from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 from attngeom.pipeline.windows import boundary_policy, make_windows
 
-WORDS = "the cat sat on a mat dog ran far away bird sang . once upon time".split()
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "bird", "sang",
+         ".", "once", "upon", "time")
 
 
 def word_tokenizer(*, bos: str, eos: str, extra=()):

@@ -102,12 +102,10 @@ def _capture_handler(
         output = call.previous()
         nested = call.nested and output[1] is not None
         for chunk in chunks:
-            if nested:
-                # inside another override (a top-N restriction): report the probabilities
-                # the model actually used, which that override returned
-                weights = output[1].index_select(2, chunk)
-            else:
-                weights = call.eager_float32(chunk)[2]
+            # inside another override (a top-N restriction): report the probabilities
+            # the model actually used, which that override returned
+            weights = (output[1].index_select(2, chunk) if nested
+                       else call.eager_float32(chunk)[2])
             _emit(consumer, call, weights.detach().to(torch.float32), values, chunk)
         return output
 

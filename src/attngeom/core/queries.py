@@ -7,6 +7,7 @@ from torch import Tensor
 
 from attngeom.errors import ConfigError
 
+
 def parse_query_mode(mode: str) -> tuple[str, int]:
     """Split ``final`` / ``all`` / ``stride:k`` into (kind, k); k is 1 unless strided."""
     if mode in ("final", "all"):

@@ -74,9 +74,7 @@ def load_windows(config: AnalysisConfig, tokenizer, *, n_windows=None, start_win
 
 
 def model_identity(name: str, model, layout) -> dict:
-    from attngeom.results.manifest import directory_sha256
-
-    from attngeom.results.manifest import file_sha256
+    from attngeom.results.manifest import directory_sha256, file_sha256
 
     p = Path(name).expanduser()
     digest = directory_sha256(p) if p.is_dir() else file_sha256(p) if p.is_file() else None
