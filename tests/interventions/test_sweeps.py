@@ -258,6 +258,11 @@ def test_restrict_bookkeeping_with_a_known_stand_in(llama, windows, monkeypatch)
     loose = nstar[nstar["tau"] == 1e6]
     assert (tight["n_star"] == 4.0).all() and (loose["n_star"] == 1.0).all()
     assert len(nstar) == 4 * 2
+    assert (nstar["n_star_status"] == "within_grid").all()
+    # a tau no N of the grid reaches: NaN with the status "above the largest N tried"
+    _, never = restrict_sweep(llama, eval_ids, [1, 2], scopes=("model",), taus=(0.0,),
+                              renormalize=True)
+    assert never["n_star"].isna().all() and (never["n_star_status"] == "above_grid").all()
 
 
 def test_restrict_at_full_length_changes_nothing(llama, windows):

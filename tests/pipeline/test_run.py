@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from attngeom import api
 from attngeom.cli import main
@@ -16,7 +17,7 @@ from attngeom.errors import ConfigError, CorpusError, ModelError, RunDirError
 from attngeom.pipeline.config import AnalysisConfig, default_corpus, shared_assets
 from attngeom.pipeline.run import run_analysis
 from attngeom.results.io import read_manifest, read_table
-from tests.architectures import STORIES_PATH, minilm_path
+from tests.architectures import STORIES_PATH, TINYSTORIES_PATH, minilm_path
 
 SMALL = dict(window_length=48, n_windows=3, query_mode="stride:8", bootstrap=50,
              n_grid=(1, 2, 4, 8, 48))
@@ -154,6 +155,13 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
     assert (full[full["n"] == 31]["n_queries"] == 30).all()
     assert (full[full["n"] == 32]["n_queries"] == 0).all()
     assert res.manifest["corpus"]["boundary_policy"]["kind"] == "sep"
+    # sinks by token: [CLS] at position 0 is the sink of the middle layers; [SEP] is
+    # reported for every head (it is a special token) with what it receives
+    tokens = res["sink_tokens"]
+    zero = tokens[tokens["position"] == 0]
+    assert zero[zero["layer"].between(1, 4)]["detected"].mean() > 0.8
+    sep = tokens[tokens["token"] == "[SEP]"]
+    assert len(sep) == 6 * 12 and (sep["pairs"] > 0).all() and (sep["occurrences"] >= 2).all()
     assert res.manifest["model"]["is_causal"] is False
     # the paper's sink signature in the middle layers: a value several times shorter than
     # the rest, a large attention mass, and F_N lower when the sink is selected
@@ -171,6 +179,28 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
     assert (ok["f_bound"] <= ok["f_score"] + 1e-9).all()
 
 
+
+def test_encoder_queries_are_content_positions(tmp_path) -> None:
+    """SPEC 2: no analysed query of an encoder is [CLS] or [SEP], including the [SEP]s
+    that join documents inside a window; final is the last content token."""
+    from attngeom.capture import load_tokenizer
+    from attngeom.pipeline.analysis import window_rows
+    from attngeom.pipeline.run import load_windows
+
+    tok = load_tokenizer(minilm_path())
+    for mode in ("final", "all", "stride:3"):
+        cfg = AnalysisConfig(model=minilm_path(), corpus=str(TINYSTORIES_PATH), window_length=48,
+                             n_windows=12, query_mode=mode)
+        windows, _, policy = load_windows(cfg, tok)
+        assert any((w.input_ids[1:-1] == tok.sep_token_id).any() for w in windows)
+        for w, rows in zip(windows, window_rows(cfg, windows, causal=False), strict=True):
+            ids = w.input_ids[rows]
+            assert not ((ids == tok.cls_token_id) | (ids == tok.sep_token_id)).any()
+            if mode == "final":
+                content = torch.nonzero(~w.special).flatten()
+                assert rows.tolist() == [int(content.max())]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
@@ -179,9 +209,22 @@ def test_encoder_minilm_runs_with_bidirectional_universe(tmp_path) -> None:
         (dict(n_grid=(0, 2)), ConfigError, "n_grid"),
         (dict(query_mode="last"), ConfigError, "query mode"),
         (dict(rules=("attention", "best")), ConfigError, "rules"),
+        (dict(regime_rule="plurality"), ConfigError, "regime_rule: expected one of"),
+        (dict(doc_boundary="eos", boundary_token="<|sep|>"), ConfigError,
+         "'<\\|sep\\|>' is not a token"),
+        (dict(doc_boundary="newline"), ConfigError, "doc_boundary"),
     ],
 )
-def test_bad_input_one_line_errors(kwargs, error, match, tmp_path) -> None:
+def test_bad_input_one_line_errors(kwargs, error, match, tmp_path, monkeypatch) -> None:
+    """Bad options fail in one line, and those the tokenizer can judge before the model
+    loads (a boundary token it does not know)."""
+    import attngeom.capture
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the error")
+
+    if "window_length" not in kwargs:
+        monkeypatch.setattr(attngeom.capture, "load_model", no_model)
     with pytest.raises(error, match=match) as info:
         api.analyze(out=tmp_path / "x", progress=False, **{**SMALL, **kwargs})
     assert "\n" not in str(info.value)

@@ -34,7 +34,9 @@ Per (layer, head) and token id x, over the counted pairs whose key j >= 1 holds 
 attention would give), ``lift`` = their ratio, ``pairs`` and ``occurrences`` (distinct
 key occurrences with >= 1 counted pair). A token is ``detected`` with mean_share >=
 ``min_share`` (0.1) and lift >= ``min_lift`` (5). Position 0 gets its own line per head,
-computed the same way, whatever its token.
+computed the same way, whatever its token, and so does every id of ``report_ids`` (the
+special tokens: BOS, [SEP], separators are the usual suspects) that occurred, detected
+or not, so their numbers are on record either way.
 """
 
 from __future__ import annotations
@@ -218,9 +220,10 @@ class SinkAccumulator:
 
     def __init__(
         self, n_grid: Sequence[int], *, min_share: float = 0.1, min_lift: float = 5.0,
-        min_distance: int = MIN_SINK_DISTANCE,
+        min_distance: int = MIN_SINK_DISTANCE, report_ids: Sequence[int] = (),
     ) -> None:
         self.n_grid = check_n_grid(n_grid)
+        self.report_ids = tuple(sorted({int(i) for i in report_ids}))
         if not 0.0 <= min_share <= 1.0:
             raise ConfigError(f"min_share: expected a value in [0, 1], got {min_share!r}")
         if min_lift < 0:
@@ -294,8 +297,9 @@ class SinkAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
         if not isinstance(other, SinkAccumulator):
             raise ConfigError(f"expected a SinkAccumulator, got {type(other).__name__}")
-        mine = (self.n_grid, self.min_share, self.min_lift, self.min_distance)
-        theirs = (other.n_grid, other.min_share, other.min_lift, other.min_distance)
+        mine = (self.n_grid, self.min_share, self.min_lift, self.min_distance, self.report_ids)
+        theirs = (other.n_grid, other.min_share, other.min_lift, other.min_distance,
+                  other.report_ids)
         if mine != theirs:
             raise ConfigError(
                 f"expected equal n_grid, min_share, min_lift, min_distance, got {mine} and "
@@ -370,7 +374,7 @@ class SinkAccumulator:
 
     def compute_tokens(self) -> dict[str, np.ndarray]:
         """Columns of table ``sink_tokens``: per head the position-0 line, then each
-        detected token (``position`` -1), by token id."""
+        detected or listed token (``position`` -1), by token id."""
         cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_TOKEN_COLUMNS}
         n_windows = self._n_windows()
         firsts = {int(t[SINK]) for t in self._window_tokens.values()}
@@ -385,7 +389,8 @@ class SinkAccumulator:
             uniform = _ratio(ts.sums["uniform"], ts.sums["pairs"])
             lift = _ratio(ts.sums["share"], ts.sums["uniform"])
             hit = (ts.sums["pairs"] > 0) & (share >= self.min_share) & (lift >= self.min_lift)
-            heads, slots = np.nonzero(hit)
+            listed = np.isin(ts.ids, self.report_ids)[None, :] & (ts.sums["pairs"] > 0)
+            heads, slots = np.nonzero(hit | listed)
             z_share = _ratio(zero["share"], zero["pairs"])
             z_lift = _ratio(zero["share"], zero["uniform"])
             z_hit = (zero["pairs"] > 0) & (z_share >= self.min_share) & (z_lift >= self.min_lift)
@@ -408,7 +413,7 @@ class SinkAccumulator:
             cols["uniform_share"].append(both(_ratio(zero["uniform"], zero["pairs"]),
                                               uniform[heads, slots]))
             cols["lift"].append(both(z_lift, lift[heads, slots]))
-            cols["detected"].append(both(z_hit, np.ones(heads.size, dtype=bool)).astype(bool))
+            cols["detected"].append(both(z_hit, hit[heads, slots]).astype(bool))
             cols["n_windows"].append(np.full(k, n_windows.get(layer, 0), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
 

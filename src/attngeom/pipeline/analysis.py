@@ -56,8 +56,9 @@ class Accumulators:
         return tables
 
 
-def make_accumulators(config, num_tokens: int) -> Accumulators:
-    """One accumulator per requested analysis (SPEC 2-5)."""
+def make_accumulators(config, num_tokens: int, special_ids=()) -> Accumulators:
+    """One accumulator per requested analysis (SPEC 2-5); ``special_ids`` are the token
+    ids the sink-by-token table always reports (the tokenizer's special tokens)."""
     acc: dict[str, object] = {}
     grid = tuple(config.n_grid)
     if "metrics" in config.analyses:
@@ -71,7 +72,7 @@ def make_accumulators(config, num_tokens: int) -> Accumulators:
     if "sink" in config.analyses:
         from attngeom.core.sink import SinkAccumulator
 
-        acc["sink"] = SinkAccumulator(grid)
+        acc["sink"] = SinkAccumulator(grid, report_ids=special_ids)
     if "taxonomy" in config.analyses:
         from attngeom.core.taxonomy import TaxonomyAccumulator
 

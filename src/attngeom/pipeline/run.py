@@ -127,7 +127,11 @@ def run_analysis(
     timings["load_model_s"] = time.perf_counter() - t1
 
     grid = grid_report(config.n_grid, config.window_length, config.query_mode, layout.is_causal)
-    accumulators = make_accumulators(config, config.window_length)
+    special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special_ids |= set(policy.prefix) | set(policy.suffix)
+    if policy.token_id is not None:
+        special_ids.add(policy.token_id)
+    accumulators = make_accumulators(config, config.window_length, sorted(special_ids))
     stream = stream_windows(model, layout, windows, config, accumulators, progress=progress)
     timings["stream_s"] = stream.seconds
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attngeom.core.accumulators import SINK_EFFECT_COLUMNS
 from attngeom.core.geometry import METRICS
 from attngeom.core.stats import bootstrap_mean_ci
 
@@ -108,6 +109,11 @@ def sink_table(sink, effect):
     windows where that kind occurred.
     """
     if effect is None or effect.empty:
+        # the split needs both variants of the attention rule; without them it is NaN
+        sink = sink.copy()
+        for c in SINK_EFFECT_COLUMNS:
+            if c not in sink.columns:
+                sink[c] = np.nan
         return sink
     cols = [c for c in effect.columns if c.startswith("f_")]
     per_head = effect.groupby(["layer", "head", "n"], as_index=False)[cols].mean()
