@@ -97,9 +97,10 @@ def with_token_text(sink_tokens, tokenizer):
 def _token_text(tokenizer, token_id: int, special: set[int]) -> str:
     """A special token by name (``<s>``, ``[SEP]``), any other as its quoted text
     (``'.'``, ``'\\n'``), so that whitespace stays visible."""
-    if token_id in special:
+    text = tokenizer.decode([token_id])
+    if token_id in special or "\ufffd" in text:  # a byte piece alone decodes to U+FFFD
         return str(tokenizer.convert_ids_to_tokens(token_id))
-    return repr(tokenizer.decode([token_id]))
+    return repr(text)
 
 
 def sink_table(sink, effect):
