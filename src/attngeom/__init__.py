@@ -15,13 +15,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _API = (
-    "AnalysisConfig", "AnalysisResult", "analyze", "check", "compare", "demo", "prune",
-    "report", "restrict", "scan_heads",
+    "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
+    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "restrict",
+    "scan_heads",
 )
 
 _SUBMODULES = (
-    "api", "capture", "cli", "core", "errors", "figures", "geometry", "interventions",
-    "pipeline", "report", "results",
+    "api", "assets", "capture", "cli", "config", "core", "errors", "figures", "geometry",
+    "interventions", "names", "pipeline", "report", "results", "validate",
 )
 
 __all__ = ["__version__", *_API]

@@ -1,8 +1,10 @@
 """``attngeom``: a thin command line over :mod:`attngeom.api`.
 
-It parses arguments, calls one API function, and prints where the results went.
-Errors of the package become one line on stderr and exit status 2; nothing heavy
-is imported before a command runs, so ``attngeom --help`` is quick.
+Every option of a run command comes from its configuration's fields
+(``attngeom.config``), with the field's help text and default, so an option is
+declared once; values are passed to the configuration as given and validated there.
+Errors of the package become one line on stderr and exit status 2; nothing heavy is
+imported before a command runs, so ``attngeom --help`` is quick.
 """
 
 from __future__ import annotations
@@ -10,84 +12,76 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import types
+import typing
 from collections.abc import Sequence
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4,8, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,0.5, got {text!r}") from None
+COMMAND_HELP = {
+    "analyze": "top-N geometry, sink, taxonomy, bounds and diagnostics of a model",
+    "prune": "keep-fraction pruning sweep per head ranker",
+    "scan-heads": "remove each head alone; find critical heads",
+    "restrict": "keep only the top-N attention entries per query; N*_tau",
+}
 
 
-def _names(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
+def _metavar(tp) -> str | None:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if len(args) == 1 and _is_union(tp) else tp
+    if typing.get_origin(base) is tuple:
+        inner = typing.get_args(base)[0]
+        if typing.get_origin(inner) is tuple:
+            return "L:H,..."
+        return {int: "N,...", float: "X,...", bool: "BOOL,...", str: "NAME,..."}.get(inner)
+    return {int: "N", float: "X", str: None}.get(base)
 
 
-def _heads(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in _names(text):
-        try:
-            layer, head = item.split(":")
-            out.append((int(layer), int(head)))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected heads as LAYER:HEAD,LAYER:HEAD, got {item!r}"
-            ) from None
-    return out
+def _is_union(tp) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
-def _common_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="hub id or local path (default: the shared stories260K)")
-    p.add_argument("--corpus", help="file (.txt/.jsonl/.parquet) or dataset name "
-                   "(wikitext-103, openwebtext); default: the shared TinyStories sample")
-    p.add_argument("--out", help="results directory")
-    p.add_argument("--overwrite", action="store_true", help="replace a different run in --out")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32",
-                   choices=["float32", "float16", "bfloat16", "float64"])
+def _show(default) -> str:
+    if default is None:
+        return "none"
+    if isinstance(default, tuple):
+        return ",".join(str(x).lower() if isinstance(x, bool) else str(x) for x in default)
+    return str(default)
+
+
+def _add_config_options(p: argparse.ArgumentParser, cls) -> None:
+    """One ``--flag`` per configuration field; unset flags keep the field's default."""
+    from attngeom.config import option_fields
+
+    for name, tp, default, meta in option_fields(cls):
+        help_text = meta["help"]
+        if "default" not in help_text:
+            help_text += f" (default: {_show(default)})"
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS,
+                       metavar=meta.get("metavar") or _metavar(tp), help=help_text)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="results directory (tables, manifest.json)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different run in --out (removes only attngeom's files)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from attngeom.config import COMMANDS
+
     parser = argparse.ArgumentParser(
         prog="attngeom",
         description="Geometry of token selection in multi-head attention.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    a = sub.add_parser("analyze", help="top-N geometry, sink, taxonomy, bounds of a model")
-    _common_model(a)
-    a.add_argument("--window-length", type=int, default=256)
-    a.add_argument("--n-windows", type=int, default=32, help="0 = every window of the corpus")
-    a.add_argument("--start-window", type=int, default=0)
-    a.add_argument("--n-grid", type=_ints, default=[1, 2, 4, 8, 16, 32])
-    a.add_argument("--query-mode", default="final", help="final | all | stride:k")
-    a.add_argument("--rules", type=_names, default=["attention", "contribution", "random"])
-    a.add_argument("--distances", type=_names, default=["euclidean"])
-    a.add_argument("--variants", type=_names, default=["full", "no_sink"])
-    a.add_argument("--analyses", type=_names,
-                   default=["metrics", "sink", "taxonomy", "bounds", "assumptions"])
-    a.add_argument("--repeats", type=int, default=None,
-                   help="random-control repeats (default 16 for final, 2 otherwise)")
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--batch-size", type=int, default=4)
-    a.add_argument("--chunk-size", type=int, default=None, help="query rows per chunk")
-    a.add_argument("--bootstrap", type=int, default=1000)
-    a.add_argument("--text-column", default="text")
-    a.add_argument("--separator", default=None, help="document separator line in .txt files")
-    a.add_argument("--doc-boundary", default="auto", help="auto | bos | eos | sep | none")
-    a.add_argument("--boundary-token", default=None, help="token placed between documents")
-    a.add_argument("--regime-rule", default="single", help="single | lumped")
-    a.add_argument("--report", action="store_true", help="also build the HTML report")
-    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, cls in COMMANDS.items():
+        p = sub.add_parser(name, help=COMMAND_HELP[name],
+                           description=(cls.__doc__ or "").replace("``", ""))
+        _add_run_options(p)
+        _add_config_options(p, cls)
+        if name == "analyze":
+            p.add_argument("--report", action="store_true", help="also build the HTML report")
 
     r = sub.add_parser("report", help="build RUN_DIR/report/index.html")
     r.add_argument("run_dir")
@@ -96,77 +90,36 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_a")
     c.add_argument("run_b")
 
-    p = sub.add_parser("prune", help="keep-fraction pruning sweep per head ranker")
-    _common_model(p)
-    p.add_argument("--rankers", type=_names,
-                   default=["taxonomy", "magnitude", "entropy", "random", "gradient",
-                            "sensitivity"])
-    p.add_argument("--keep-fractions", type=_floats, default=[1.0, 0.9, 0.75, 0.5, 0.25])
-    p.add_argument("--seeds", type=_ints, default=[0, 1, 2])
-    p.add_argument("--all-orders", action="store_true",
-                   help="try all six regime orders for the taxonomy ranker")
-    p.add_argument("--window-length", type=int, default=128)
-    p.add_argument("--n-rank-windows", type=int, default=8)
-    p.add_argument("--n-eval-windows", type=int, default=8)
-
-    s = sub.add_parser("scan-heads", help="remove each head alone; find critical heads")
-    _common_model(s)
-    s.add_argument("--threshold", type=float, default=0.05)
-    s.add_argument("--window-length", type=int, default=128)
-    s.add_argument("--n-eval-windows", type=int, default=8)
-
-    t = sub.add_parser("restrict", help="keep only the top-N attention entries per query")
-    _common_model(t)
-    t.add_argument("--n-grid", type=_ints, default=[1, 2, 4, 8, 16, 32, 64])
-    t.add_argument("--scopes", type=_names, default=["model"], help="model,layer,head")
-    t.add_argument("--layers", type=_ints, default=None)
-    t.add_argument("--heads", type=_heads, default=None, help="LAYER:HEAD,...")
-    renorm = t.add_mutually_exclusive_group()
-    renorm.add_argument("--no-renormalize", action="store_true",
-                        help="only the unrenormalised variant")
-    renorm.add_argument("--renormalize-only", action="store_true",
-                        help="only the renormalised variant")
-    t.add_argument("--taus", type=_floats, default=[0.01, 0.05, 0.10])
-    t.add_argument("--window-length", type=int, default=128)
-    t.add_argument("--n-eval-windows", type=int, default=8)
-
     k = sub.add_parser("check", help="run the load-time self-checks on a model")
-    k.add_argument("--model")
-    k.add_argument("--device", default="cpu")
-    k.add_argument("--dtype", default="float32")
+    k.add_argument("--model", help="hub id, local model directory or .gguf file (default: the "
+                   "shared stories260K)")
+    k.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    k.add_argument("--dtype", default="float32", help="model dtype (default: float32)")
 
-    d = sub.add_parser("demo", help="the default study on the shared model and corpora")
-    d.add_argument("--out", default="runs/demo")
+    d = sub.add_parser("demo", help="the default study on the shared models and corpora")
+    d.add_argument("--out", default="runs/demo", help="results directory (default: runs/demo)")
     d.add_argument("--quick", action="store_true", help="fewer windows (a smoke test)")
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
+
+
+def _options(args: argparse.Namespace) -> dict:
+    skip = {"command", "version", "out", "overwrite", "quiet", "report"}
+    return {k: v for k, v in vars(args).items() if k not in skip}
 
 
 def _run(args: argparse.Namespace) -> int:
     from attngeom import api
 
-    if args.command == "analyze":
-        res = api.analyze(
-            args.model, args.corpus, args.out, overwrite=args.overwrite,
-            progress=not args.quiet, window_length=args.window_length,
-            n_windows=args.n_windows or None, start_window=args.start_window,
-            n_grid=tuple(args.n_grid), query_mode=args.query_mode, rules=tuple(args.rules),
-            distances=tuple(args.distances), variants=tuple(args.variants),
-            analyses=tuple(args.analyses), repeats=args.repeats, seed=args.seed,
-            device=args.device, dtype=args.dtype, batch_size=args.batch_size,
-            chunk_size=args.chunk_size, bootstrap=args.bootstrap,
-            text_column=args.text_column, separator=args.separator,
-            doc_boundary=args.doc_boundary, boundary_token=args.boundary_token,
-            regime_rule=args.regime_rule,
-        )
-        _print_headline(res)
-        summary = format_sink_and_regimes(res)
-        if summary:
-            print(summary)
-        _print_skips(res.manifest.get("counts", {}))
+    if args.command in COMMAND_HELP:
+        run = {"analyze": api.analyze, "prune": api.prune, "scan-heads": api.scan_heads,
+               "restrict": api.restrict}[args.command]
+        res = run(out=args.out, overwrite=args.overwrite, progress=not args.quiet,
+                  **_options(args))
+        PRINTERS[args.command](res)
         if res.out_dir is not None:
             print(f"results: {res.out_dir}")
-            if args.report:
+            if getattr(args, "report", False):
                 print(f"report: {api.report(res.out_dir)}")
         return 0
     if args.command == "report":
@@ -175,53 +128,40 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "compare":
         print(api.compare(args.run_a, args.run_b))
         return 0
-    if args.command == "prune":
-        res = api.prune(
-            args.model, args.corpus, args.out, rankers=tuple(args.rankers),
-            keep_fractions=tuple(args.keep_fractions), seeds=tuple(args.seeds),
-            orders="all" if args.all_orders else None, window_length=args.window_length,
-            n_rank_windows=args.n_rank_windows, n_eval_windows=args.n_eval_windows,
-            device=args.device, dtype=args.dtype, overwrite=args.overwrite,
-        )
-        _print_table(res["pruning"], ["ranker", "seed", "order", "keep_fraction",
-                                      "heads_kept", "perplexity", "delta_nll_rel"])
-        _print_out(res)
-        return 0
-    if args.command == "scan-heads":
-        res = api.scan_heads(
-            args.model, args.corpus, args.out, threshold=args.threshold,
-            window_length=args.window_length, n_eval_windows=args.n_eval_windows,
-            device=args.device, dtype=args.dtype, overwrite=args.overwrite,
-        )
-        df = res["head_scan"].sort_values("delta_nll_rel", ascending=False)
-        _print_table(df.head(10), ["layer", "head", "nll", "delta_nll_rel", "critical"])
-        _print_out(res)
-        return 0
-    if args.command == "restrict":
-        renorm = (True, False)
-        if args.no_renormalize:
-            renorm = (False,)
-        elif args.renormalize_only:
-            renorm = (True,)
-        res = api.restrict(
-            args.model, args.corpus, args.out, n_grid=tuple(args.n_grid),
-            scopes=tuple(args.scopes), layers=args.layers, heads=args.heads,
-            renormalize=renorm, taus=tuple(args.taus), window_length=args.window_length,
-            n_eval_windows=args.n_eval_windows, device=args.device, dtype=args.dtype,
-            overwrite=args.overwrite,
-        )
-        print(format_nstar(res))
-        _print_out(res)
-        return 0
     if args.command == "check":
-        out = api.check(args.model, device=args.device, dtype=args.dtype)
-        print(f"self-checks passed: {out['model']}")
+        print(api.check(args.model, device=args.device, dtype=args.dtype))
         return 0
     if args.command == "demo":
         out = api.demo(args.out, quick=args.quick, progress=not args.quiet)
         _print_demo(out)
         return 0
     raise AssertionError(args.command)
+
+
+def _print_analyze(res) -> None:
+    _print_headline(res)
+    summary = format_sink_and_regimes(res)
+    if summary:
+        print(summary)
+    _print_skips(res.manifest.get("counts", {}))
+
+
+def _print_prune(res) -> None:
+    _print_table(res["pruning"], ["ranker", "seed", "order", "keep_fraction", "heads_kept",
+                                  "perplexity", "delta_nll_rel"])
+
+
+def _print_scan(res) -> None:
+    df = res["head_scan"].sort_values("delta_nll_rel", ascending=False)
+    _print_table(df.head(10), ["layer", "head", "nll", "delta_nll_rel", "critical"])
+
+
+def _print_restrict(res) -> None:
+    print(format_nstar(res))
+
+
+PRINTERS = {"analyze": _print_analyze, "prune": _print_prune, "scan-heads": _print_scan,
+            "restrict": _print_restrict}
 
 
 def _print_skips(counts: dict) -> None:
@@ -239,11 +179,6 @@ def _print_table(df, columns) -> None:
     if columns:
         df = df[[c for c in columns if c in df.columns]]
     print(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-
-
-def _print_out(res) -> None:
-    if res.out_dir is not None:
-        print(f"results: {res.out_dir}")
 
 
 def _print_headline(res) -> None:

@@ -17,7 +17,12 @@ from attngeom.capture.interface import (
     override_attention,
     repeat_kv,
 )
-from attngeom.capture.layout import Layout, attention_output_projections, model_layout
+from attngeom.capture.layout import (
+    Layout,
+    attention_output_projections,
+    head_weights,
+    model_layout,
+)
 from attngeom.capture.loading import cache_dir, load_model, load_tokenizer, resolve_source
 from attngeom.capture.tolerances import TOLERANCES, Tolerance, tolerance_for
 
@@ -34,6 +39,7 @@ __all__ = [
     "capture_attention",
     "check_model",
     "has_override",
+    "head_weights",
     "load_model",
     "load_tokenizer",
     "model_layout",

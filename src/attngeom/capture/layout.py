@@ -101,3 +101,91 @@ def attention_output_projections(model: torch.nn.Module) -> list[torch.nn.Module
     layout = model_layout(model)
     width = layout.num_heads * layout.head_dim
     return [output_projection(model, m, width) for m in attention_modules(model)]
+
+
+# Leaf module names of value projections, separate or fused, by layout of their output.
+_SEPARATE_V = ("v_proj", "value", "v_lin", "v")
+_FUSED_BLOCKS = ("c_attn", "qkv_proj", "Wqkv")  # output [q (H*d) | k (G*d) | v (G*d)]
+_FUSED_PER_HEAD = ("query_key_value",)  # GPT-NeoX / Bloom: output (H, [q | k | v] d)
+
+
+def _weight_matrix(module: torch.nn.Module, in_features: int) -> torch.Tensor:
+    """The (out, in) matrix of a linear map: Linear, GPT-2 Conv1D, or probed with an identity."""
+    if isinstance(module, torch.nn.Linear):
+        return module.weight.detach()
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return weight.detach().t()  # Conv1D stores (in, out)
+    param = next(module.parameters())
+    with torch.no_grad():
+        eye = torch.eye(in_features, dtype=param.dtype, device=param.device)
+        zero = torch.zeros(1, in_features, dtype=param.dtype, device=param.device)
+        return (module(eye) - module(zero)).t()
+
+
+def _find_value_projection(
+    model: torch.nn.Module, projection: torch.nn.Module
+) -> tuple[str, torch.nn.Module]:
+    """The value projection serving the same attention block as ``projection``.
+
+    Walks up from the output projection's qualified name and searches each
+    enclosing module (nearest first) for a known value-projection leaf name, so
+    Llama-style ``self_attn.v_proj``, BERT's ``attention.self.value`` (a sibling
+    of ``attention.output.dense``) and fused GPT-2 / GPT-NeoX blocks all resolve.
+    """
+    names = {id(m): n for n, m in model.named_modules()}
+    qualified = names.get(id(projection))
+    if qualified is None:
+        raise ModelError("the attention output projection is not a submodule of the model")
+    parts = qualified.split(".")
+    wanted = _SEPARATE_V + _FUSED_BLOCKS + _FUSED_PER_HEAD
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = model.get_submodule(".".join(parts[:depth]))
+        for name in wanted:
+            for sub_name, sub in parent.named_modules():
+                if sub_name.split(".")[-1] == name and sub is not projection:
+                    return name, sub
+    raise ModelError(
+        f"no value projection ({', '.join(wanted)}) found near {qualified} in "
+        f"{type(model).__name__}"
+    )
+
+
+def head_weights(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer ``(W_V, W_O)``: value-projection rows and output-projection columns.
+
+    ``W_V`` is (G or H, d, hidden) float64, the rows of each kv head (H for fused
+    per-head layouts such as GPT-NeoX, where every query head has its own value);
+    ``W_O`` is (hidden, H, d) float64, the output-projection columns fed by each head.
+    Biases are left out. Works for separate (``v_proj``), fused (GPT-2 ``c_attn``) and
+    per-head fused (``query_key_value``) projections, Linear or GPT-2 Conv1D.
+    """
+    layout = model_layout(model)
+    h, g, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    out = []
+    for layer, projection in enumerate(attention_output_projections(model)):
+        w_o = _weight_matrix(projection, h * d).to(torch.float64)  # (hidden, H*d)
+        if w_o.shape[1] != h * d:
+            raise ModelError(
+                f"expected the output projection of layer {layer} to take {h * d} inputs, got "
+                f"{w_o.shape[1]}"
+            )
+        name, module = _find_value_projection(model, projection)
+        w = _weight_matrix(module, w_o.shape[0]).to(torch.float64)
+        if name in _SEPARATE_V:
+            kv, expected = g, g * d
+        elif name in _FUSED_BLOCKS:
+            kv, expected = g, h * d + 2 * g * d
+        else:
+            kv, expected = h, 3 * h * d
+        if w.shape[0] != expected:
+            raise ModelError(
+                f"expected {name} in layer {layer} of {layout.model_class} to have {expected} "
+                f"outputs, got {w.shape[0]}"
+            )
+        if name in _FUSED_BLOCKS:
+            w = w[h * d + g * d :]
+        elif name in _FUSED_PER_HEAD:
+            w = w.view(h, 3, d, -1)[:, 2]
+        out.append((w.reshape(kv, d, -1), w_o.view(w_o.shape[0], h, d)))
+    return out

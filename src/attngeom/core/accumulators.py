@@ -9,7 +9,6 @@ adding, so a merged accumulator equals one that saw every window (ROADMAP).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,10 +16,11 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.geometry import DISTANCES, METRICS, RULES, TopNMetrics, topn_metrics
+from attngeom.core.geometry import TopNMetrics, topn_metrics
+from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
+from attngeom.names import METRICS, VARIANTS
 
-VARIANTS = ("full", "no_sink")
 BOUND_COLUMNS = (
     "precision_bound", "recall_bound", "f_bound", "precision_inv_bound", "recall_inv_bound",
 )
@@ -28,16 +28,6 @@ SINK_EFFECT_COLUMNS = (
     "f_full_sink_selected", "f_full_sink_unselected",
     "f_nosink_sink_selected", "f_nosink_sink_unselected",
 )
-
-
-def check_choices(name: str, given, allowed) -> None:
-    """One-line error unless ``given`` is a non-empty selection from ``allowed``."""
-    bad = [x for x in given if x not in allowed]
-    if bad or not given:
-        raise ConfigError(
-            f"{name}: expected a non-empty subset of {', '.join(allowed)}, "
-            f"got {', '.join(map(str, given)) or 'nothing'}"
-        )
 
 
 @dataclass(frozen=True)
@@ -51,15 +41,6 @@ class TopNConfig:
     repeats: int = 16
     seed: int = 0
     bounds: bool = True
-
-    def __post_init__(self) -> None:
-        check_choices("rules", self.rules, RULES)
-        check_choices("distances", self.distances, DISTANCES)
-        check_choices("variants", self.variants, VARIANTS)
-        if self.repeats < 1:
-            raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats}")
-        if not self.n_grid or min(self.n_grid) < 1:
-            raise ConfigError(f"n_grid: expected integers >= 1, got {list(self.n_grid)}")
 
 
 @dataclass
@@ -102,9 +83,14 @@ def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
 
 
 @dataclass
-class TopNAccumulator:
-    """Accumulates SPEC 2 metrics (and the SPEC 5 per-query bounds) window by window."""
+class TopNAccumulator(Accumulator):
+    """Accumulates SPEC 2 metrics (and the SPEC 5 per-query bounds) window by window.
 
+    Tables: ``metrics`` (per window, layer, head, rule, variant, distance, N) and
+    ``sink_effect`` (F_N split by whether the sink was selected, joined into ``sink``).
+    """
+
+    tables = ("metrics", "sink_effect")
     config: TopNConfig = field(default_factory=TopNConfig)
     cells: dict[tuple[int, int, str, str, str], _Cell] = field(default_factory=dict)
     sink_effect: dict[tuple[int, int], dict[str, Tensor]] = field(default_factory=dict)
@@ -241,9 +227,9 @@ class TopNAccumulator:
                 parts[f"n_{name}_sink_{tag}"] = mask.sum(1).to(torch.float64).cpu()
         return parts
 
-    def merge(self, other: TopNAccumulator) -> None:
-        """Add another accumulator's state (another shard, or other query chunks)."""
-        if other.config != self.config:
+    def merge(self, other: TopNAccumulator) -> TopNAccumulator:
+        """Add another accumulator's state (another shard, or other query chunks); self."""
+        if not isinstance(other, TopNAccumulator) or other.config != self.config:
             raise ConfigError("cannot merge top-N accumulators with different configurations")
         for key, cell in other.cells.items():
             if key in self.cells:
@@ -260,6 +246,7 @@ class TopNAccumulator:
             else:
                 self.sink_effect[key] = {name: v.clone() for name, v in parts.items()}
         self.num_heads = self.num_heads or other.num_heads
+        return self
 
     @property
     def nonfinite_rows(self) -> int:
@@ -342,13 +329,3 @@ def _window_constants(batch: AttentionBatch):
 
     return window_constants(batch.stats)
 
-
-def merge_all(accumulators: Iterable[TopNAccumulator]) -> TopNAccumulator:
-    """One accumulator equal to the given shards merged in order."""
-    items = list(accumulators)
-    if not items:
-        raise ConfigError("merge_all: expected at least one accumulator")
-    out = TopNAccumulator(items[0].config)
-    for acc in items:
-        out.merge(acc)
-    return out

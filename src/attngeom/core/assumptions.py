@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, cosine_matrix, finite_rows
+from attngeom.core.bounds import cosine_matrix, finite_rows
+from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
+from attngeom.names import SINK
 
 ASSUMPTIONS_COLUMNS = (
     "layer", "head", "norm_cv", "sink_norm_ratio", "cos_decay_lambda", "cos_decay_mae",
@@ -182,14 +184,14 @@ class _AssumLayer:
         self.cos_count = pad(self.cos_count) + pad(count)
 
 
-class AssumptionsAccumulator:
+class AssumptionsAccumulator(Accumulator):
     """Streaming assumption diagnostics for table ``assumptions`` (SPEC 5); merge exact.
 
     ``recent`` is the width of the recent stretch (keys with |t - j| < recent) and
     ``sink_width`` that of the sink peak (positions < sink_width) in the mass profile.
     """
 
-    table = "assumptions"
+    tables = ("assumptions",)
 
     def __init__(self, *, recent: int = 16, sink_width: int = 1) -> None:
         if int(recent) != recent or recent < 1:
@@ -234,16 +236,8 @@ class AssumptionsAccumulator:
 
     def merge(self, other: AssumptionsAccumulator) -> AssumptionsAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
-        if not isinstance(other, AssumptionsAccumulator):
-            raise ConfigError(f"expected an AssumptionsAccumulator, got {type(other).__name__}")
-        if (other.recent, other.sink_width) != (self.recent, self.sink_width):
-            raise ConfigError(f"expected equal recent and sink_width, got "
-                              f"{(self.recent, self.sink_width)} and "
-                              f"{(other.recent, other.sink_width)}")
-        overlap = self._seen & other._seen
-        if overlap:
-            raise ConfigError(f"expected disjoint windows across shards, got (layer, window) "
-                              f"{sorted(overlap)[0]} in both")
+        self._check_mergeable(other, recent=self.recent, sink_width=self.sink_width)
+        check_disjoint(self._seen, other._seen)
         for layer, ost in other._layers.items():
             st = self._layer(layer, ost.num_heads)
             for name in ("cv_sum", "cv_count", "ratio_sum", "ratio_count", "negative",
@@ -255,8 +249,8 @@ class AssumptionsAccumulator:
         self._seen |= other._seen
         return self
 
-    def compute(self) -> dict[str, np.ndarray]:
-        """Columns of table ``assumptions``: one row per (layer, head)."""
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Table ``assumptions``: one row per (layer, head)."""
         cols: dict[str, list[np.ndarray]] = {c: [] for c in ASSUMPTIONS_COLUMNS}
         for layer in sorted(self._layers):
             st = self._layers[layer]
@@ -277,12 +271,8 @@ class AssumptionsAccumulator:
             cols["negative_cos_share"].append(ratio(st.negative, pairs))
             for name in st.mass:
                 cols[name].append(ratio(st.mass[name], st.query_count))
-        return {
+        return {"assumptions": {
             c: (np.concatenate(p) if p else
                 np.zeros(0, dtype=np.int64 if c in ("layer", "head") else np.float64))
             for c, p in cols.items()
-        }
-
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"assumptions": compute()}``."""
-        return {self.table: self.compute()}
+        }}

@@ -49,26 +49,16 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
-
-SINK = 0
+from attngeom.names import SINK
 _SLACK = 1e-10
 _CHUNK_BYTES = 256 * 2**20
 
 
-def check_n_grid(n_grid: Sequence[int]) -> tuple[int, ...]:
-    """Validate an N grid: distinct integers >= 1, kept in the given order."""
-    try:
-        grid = tuple(int(n) for n in n_grid)
-    except TypeError as exc:
-        raise ConfigError(f"n_grid: expected a sequence of integers, got {n_grid!r}") from exc
-    if not grid:
-        raise ConfigError("n_grid: expected at least one N, got an empty grid")
-    if any(n < 1 for n in grid) or any(int(n) != n for n in n_grid):
-        raise ConfigError(f"n_grid: expected integers >= 1, got {list(n_grid)}")
-    if len(set(grid)) != len(grid):
-        raise ConfigError(f"n_grid: expected distinct values, got {list(grid)}")
-    return grid
+def grid_of(n_grid: Sequence[int]) -> tuple[int, ...]:
+    """The N grid as a tuple of ints (its values are checked by the configuration)."""
+    return tuple(int(n) for n in n_grid)
 
 
 def finite_rows(alpha: Tensor, universe: Tensor) -> Tensor:
@@ -248,7 +238,7 @@ def certified_bounds(
     >>> b["recall_bound"][0, 0].tolist()
     [1.0, 0.5]
     """
-    grid = check_n_grid(n_grid)
+    grid = grid_of(n_grid)
     if alpha.dim() != 3:
         raise ConfigError(f"alpha: expected shape (H, Q, T), got {tuple(alpha.shape)}")
     h, q, t = alpha.shape
@@ -304,26 +294,6 @@ def inversion_bounds(inversions: Tensor, n: Tensor | int) -> tuple[Tensor, Tenso
     return n / (n + inv), (1.0 - inv / n).clamp_min(0.0)
 
 
-def random_direction_mu(T: int, d: int, delta: float) -> float:
-    """Coherence ``sqrt(2 ln(T^2 / delta) / d)`` of T random directions in d dimensions.
-
-    SPEC 5: for directions modelled as independent random unit vectors, every pairwise
-    ``|cos|`` is below this value with probability at least ``1 - delta`` (a union bound
-    over T^2 pairs of a sub-Gaussian tail), so it makes the envelope's dependence on the
-    head dimension and the failure probability explicit.
-
-    >>> round(random_direction_mu(1024, 64, 0.05), 4)
-    0.7258
-    """
-    if int(T) != T or T < 1:
-        raise ConfigError(f"T: expected an integer >= 1, got {T!r}")
-    if int(d) != d or d < 1:
-        raise ConfigError(f"d: expected an integer >= 1, got {d!r}")
-    if not 0.0 < delta < 1.0:
-        raise ConfigError(f"delta: expected 0 < delta < 1, got {delta!r}")
-    return math.sqrt(2.0 * math.log(T * T / delta) / d)
-
-
 def constant_norm_envelope(
     alpha_profile: Tensor,
     n_grid: Sequence[int],
@@ -353,7 +323,7 @@ def constant_norm_envelope(
     >>> env["recall_envelope"].tolist(), int(env["largest_certified_n"])
     ([1.0, 0.5, 0.3333333333333333], 1)
     """
-    grid = check_n_grid(n_grid)
+    grid = grid_of(n_grid)
     prof = torch.as_tensor(alpha_profile, dtype=torch.float64)
     if prof.dim() < 1 or prof.shape[-1] < 1:
         raise ConfigError(f"alpha_profile: expected shape (..., T) with T >= 1, got "
@@ -441,7 +411,7 @@ def _pad(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
 
 
-class BoundsAccumulator:
+class BoundsAccumulator(Accumulator):
     """Streaming fit of kappa, mu and the sink cosine per head, and the envelope (SPEC 5).
 
     Fits, pooled over every analysed window of a layer (value statistics counted once
@@ -466,10 +436,10 @@ class BoundsAccumulator:
     ``recall_measured``, ``f_measured`` are NaN here: the geometry pass fills them.
     """
 
-    table = "bounds"
+    tables = ("bounds",)
 
     def __init__(self, n_grid: Sequence[int], *, quantile: float = 0.99, bins: int = 1000):
-        self.n_grid = check_n_grid(n_grid)
+        self.n_grid = grid_of(n_grid)
         if not 0.0 < quantile <= 1.0:
             raise ConfigError(f"quantile: expected 0 < quantile <= 1, got {quantile!r}")
         if int(bins) != bins or bins < 1:
@@ -550,16 +520,8 @@ class BoundsAccumulator:
 
     def merge(self, other: BoundsAccumulator) -> BoundsAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
-        if not isinstance(other, BoundsAccumulator):
-            raise ConfigError(f"expected a BoundsAccumulator, got {type(other).__name__}")
-        if (other.n_grid, other.quantile, other.bins) != (self.n_grid, self.quantile, self.bins):
-            raise ConfigError("expected accumulators with equal n_grid, quantile and bins, got "
-                              f"{(self.n_grid, self.quantile, self.bins)} and "
-                              f"{(other.n_grid, other.quantile, other.bins)}")
-        overlap = self._seen & other._seen
-        if overlap:
-            raise ConfigError(f"expected disjoint windows across shards, got (layer, window) "
-                              f"{sorted(overlap)[0]} in both")
+        self._check_mergeable(other, n_grid=self.n_grid, quantile=self.quantile, bins=self.bins)
+        check_disjoint(self._seen, other._seen)
         for layer, st in other._layers.items():
             self._layer(layer, st.num_heads).merge(st)
         self._seen |= other._seen
@@ -610,8 +572,8 @@ class BoundsAccumulator:
             out[layer] = prof
         return out
 
-    def compute(self) -> dict[str, np.ndarray]:
-        """Columns of table ``bounds``: one row per (layer, head, n), ordered that way."""
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Table ``bounds``: one row per (layer, head, n), ordered that way."""
         cols: dict[str, list] = {c: [] for c in BOUNDS_COLUMNS}
         fits, profiles = self.fits(), self.profiles()
         nn = len(self.n_grid)
@@ -639,11 +601,7 @@ class BoundsAccumulator:
             cols["largest_certified_n"].append(rep(env["largest_certified_n"].numpy()))
             for name in ("precision_measured", "recall_measured", "f_measured"):
                 cols[name].append(np.full(h * nn, np.nan))
-        return {c: _concat(v, c) for c, v in cols.items()}
-
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"bounds": compute()}``."""
-        return {self.table: self.compute()}
+        return {"bounds": {c: _concat(v, c) for c, v in cols.items()}}
 
 
 VIOLATION_COLUMNS = (

@@ -30,10 +30,8 @@ from torch import Tensor
 from attngeom.core.batch import ValueStats
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
+from attngeom.names import DISTANCES, METRICS, RULES
 
-RULES = ("attention", "contribution", "random")
-DISTANCES = ("euclidean", "cosine")
-METRICS = ("precision", "recall", "f_score", "margin", "inversions")
 COSINE_EPS = 1e-12
 _INT64_MAX = torch.iinfo(torch.int64).max
 _CHUNK_BYTES = 192 * 2**20
@@ -137,7 +135,6 @@ def topn_metrics(
     stats: ValueStats | None = None,
     chunk_rows: int | None = None,
     head_index: Tensor | None = None,
-    candidates: int | None = None,
 ) -> TopNMetrics:
     """Geometric P_N, R_N, F_N, margin and inversions of every row and N (SPEC 2).
 
@@ -147,13 +144,6 @@ def topn_metrics(
     ``TopNMetrics`` with tensors of shape (K, H, Q, NN), float64. Rows of several
     windows may be stacked along the head dimension: then ``window`` and ``head_index``
     give each head row's window and head, which seed the random control.
-
-    ``candidates=c`` (Euclidean only, opt-in) evaluates exactly just the N_max selected
-    keys and the c unselected keys of largest contribution alpha ||v||, certifies that
-    the rest cannot matter (SPEC 8) and recomputes in full the rows whose certificate
-    fails; the result does not depend on c. It pays off only where attention is peaked:
-    on stories260K 70-93% of rows fail the certificate and it is slower, so the
-    default (None) always computes full rows.
 
     >>> a = torch.tensor([[[0.25, 0.5, 0.25]]])   # one head, one query (t = 2), T = 3
     >>> v = torch.tensor([[[1.0], [1.0], [-1.0]]])
@@ -219,16 +209,11 @@ def topn_metrics(
     if chunk_rows is None:
         per_row = max(1, repeats * h * t * nmax * 8 * 4)
         chunk_rows = max(1, _CHUNK_BYTES // per_row)
-    extra = -1 if candidates is None else int(candidates)
-    use_certified = distance == "euclidean" and extra >= 0 and t > nmax + extra
     parts = []
     for s in range(0, q, chunk_rows):
         rows = (alpha64[:, s : s + chunk_rows], order[:, :, s : s + chunk_rows],
                 universe[:, s : s + chunk_rows])
-        if use_certified:
-            parts.append(_certified_rows(*rows, stats, group, grid_t, nmax, extra))
-        else:
-            parts.append(_metrics_rows(*rows, stats, group, grid_t, nmax, distance))
+        parts.append(_metrics_rows(*rows, stats, group, grid_t, nmax, distance))
     out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
     for name in METRICS:
         out[name] = out[name].masked_fill(~valid, float("nan"))
@@ -374,87 +359,4 @@ def _metrics_rows(
                           distance == "euclidean")
     out["sink_selected"] = selected[..., 0] & univ_m[:, :, None, 0]
     return {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
-
-
-def _certified_rows(
-    alpha: Tensor,
-    order: Tensor,
-    universe: Tensor,
-    stats: ValueStats,
-    group: int,
-    grid: Tensor,
-    nmax: int,
-    extra: int,
-) -> dict[str, Tensor]:
-    """Euclidean metrics evaluating only the selected keys and the largest contributions.
-
-    Since g[u] <= 2 alpha_u ||v_u|| ||s_N|| - (alpha_u ||v_u||)^2 (Cauchy-Schwarz), every key
-    outside the candidate set has g at most that bound at the largest contribution left
-    out. When the bound is below the smallest selected g (so no such key counts in
-    Precision or the inversions) and not above the largest unselected candidate g (so it
-    cannot set rho_min), the candidates decide every metric exactly; rows where that
-    fails for some valid N are recomputed in full by ``_metrics_rows``.
-    """
-    k, h, q, t = order.shape
-    fd = _Folding(k, h, q, group)
-    g, m = fd.g, fd.m
-    alpha_m = fd.fold(alpha[None].expand(k, h, q, t))
-    univ_m = fd.fold(universe[None].expand(k, h, q, t))
-    order_m = fd.fold(order)
-    sel = order_m[..., :nmax]
-    contrib = alpha_m * stats.norms[:, None, :]
-    rest = order_m[..., nmax:]
-    rest_c = torch.where(torch.gather(univ_m, -1, rest), torch.gather(contrib, -1, rest), -1.0)
-    top = torch.topk(rest_c, min(extra + 1, rest.shape[-1]), dim=-1, sorted=True)
-    cand = torch.cat([sel, torch.gather(rest, -1, top.indices[..., :extra])], -1)
-    c = cand.shape[-1]
-    # the largest contribution left out (-1: no universe key is left out)
-    c_left = top.values[..., extra] if top.values.shape[-1] > extra else torch.full_like(
-        top.values[..., 0], -1.0)
-
-    flat = (cand[..., :, None] * t + sel[..., None, :]).reshape(g, -1)
-    gathered = torch.gather(stats.gram.reshape(g, t * t), 1, flat).reshape(g, m, c, nmax)
-    kmask = (torch.arange(nmax, device=alpha.device)[:, None] < grid[None, :]).to(alpha.dtype)
-    a_sel = torch.gather(alpha_m, -1, sel)
-    weights = a_sel[..., :, None] * kmask
-    inner = torch.matmul(gathered, weights).transpose(-1, -2)  # (G, M, NN, C)
-    s2 = (inner[..., :nmax] * weights.transpose(-1, -2)).sum(-1)  # (G, M, NN)
-
-    a_c = torch.gather(alpha_m, -1, cand)[:, :, None, :]
-    sq_c = torch.gather(stats.sq_norms[:, None].expand(g, m, t), -1, cand)[:, :, None, :]
-    close = 2.0 * a_c * inner - a_c * a_c * sq_c
-    univ_c = torch.gather(univ_m, -1, cand)
-    slot = torch.arange(c, device=alpha.device)
-    selected = (slot[None, :] < grid[:, None])[None, None]  # (1, 1, NN, C)
-    unselected = univ_c[:, :, None, :] & ~selected
-
-    out = _from_closeness(close, selected, unselected, close[..., :nmax], s2, grid,
-                          kmask.T.bool(), euclidean=True)
-    cmin_sel, cmax_uns = out["cmin_sel"], out["cmax_uns"]
-    inf = torch.tensor(float("inf"), dtype=close.dtype, device=close.device)
-
-    # certificate for the keys left out (c_left < 0: none left out)
-    root = s2.clamp_min(0).sqrt()
-    cl = c_left[..., None].clamp_min(0.0)
-    bound = torch.where(cl < root, 2.0 * cl * root - cl * cl, s2)
-    bound = bound + 1e-9 * (root + cl) ** 2  # rounding slack: only ever costs a fallback
-    bound = torch.where(c_left[..., None] < 0, -inf, bound)
-    holds = (bound < cmin_sel) & (bound <= cmax_uns)
-    usize = univ_m.sum(-1)
-    valid_n = (grid[None, None, :] >= 1) & (grid[None, None, :] < usize[..., None])
-    row_ok = (holds | ~valid_n).all(-1)  # (G, M)
-
-    sink_pos = torch.where(sel == 0, torch.arange(nmax, device=alpha.device), nmax).amin(-1)
-    sink_selected = (sink_pos[..., None] < grid[None, None, :]) & univ_m[:, :, None, 0]
-
-    out["sink_selected"] = sink_selected
-    out = {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
-    failed = ~fd.unfold(row_ok)  # (K, H, Q)
-    redo = failed.any(0).any(0).nonzero().flatten()
-    if redo.numel():
-        full = _metrics_rows(alpha[:, redo], order[:, :, redo], universe[:, redo], stats,
-                             group, grid, nmax, "euclidean")
-        for name, value in full.items():
-            out[name][:, :, redo] = value
-    return out
 

@@ -6,22 +6,7 @@ import torch
 from torch import Tensor
 
 from attngeom.errors import ConfigError
-
-
-def parse_query_mode(mode: str) -> tuple[str, int]:
-    """Split ``final`` / ``all`` / ``stride:k`` into (kind, k); k is 1 unless strided."""
-    if mode in ("final", "all"):
-        return mode, 1
-    if isinstance(mode, str) and mode.startswith("stride:"):
-        try:
-            k = int(mode.split(":", 1)[1])
-        except ValueError:
-            k = 0
-        if k >= 1:
-            return "stride", k
-    raise ConfigError(
-        f"query mode: expected 'final', 'all' or 'stride:k' with k >= 1, got {mode!r}"
-    )
+from attngeom.validate import parse_query_mode
 
 
 def query_positions(

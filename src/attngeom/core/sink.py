@@ -48,8 +48,10 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, check_n_grid, finite_rows, safe_cos
+from attngeom.core.bounds import finite_rows, grid_of, safe_cos
+from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
+from attngeom.names import SINK
 
 SINK_COLUMNS = (
     "layer", "head", "n", "sink_position", "norm_ratio", "sink_cos_mean", "sink_cos_pairwise",
@@ -108,7 +110,7 @@ def sink_query_stats(
     >>> s["in_top_n"][0, 0].tolist(), s["top_valid"][0, 0].tolist()
     ([False, True, True], [True, True, False])
     """
-    grid = check_n_grid(n_grid)
+    grid = grid_of(n_grid)
     universe = universe.to(torch.bool)
     alpha = torch.where(universe, alpha, torch.zeros((), dtype=alpha.dtype, device=alpha.device))
     usize = universe.sum(-1)
@@ -206,7 +208,7 @@ class _TokenSums:
         self.ids, self.sums, self.pending = ids, out, []
 
 
-class SinkAccumulator:
+class SinkAccumulator(Accumulator):
     """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (SPEC 3).
 
     ``update`` accepts query chunks of one (window, layer) in any number and order (the
@@ -216,13 +218,13 @@ class SinkAccumulator:
     detected token per head).
     """
 
-    table = "sink"
+    tables = ("sink", "sink_tokens")
 
     def __init__(
         self, n_grid: Sequence[int], *, min_share: float = 0.1, min_lift: float = 5.0,
         min_distance: int = MIN_SINK_DISTANCE, report_ids: Sequence[int] = (),
     ) -> None:
-        self.n_grid = check_n_grid(n_grid)
+        self.n_grid = grid_of(n_grid)
         self.report_ids = tuple(sorted({int(i) for i in report_ids}))
         if not 0.0 <= min_share <= 1.0:
             raise ConfigError(f"min_share: expected a value in [0, 1], got {min_share!r}")
@@ -295,20 +297,10 @@ class SinkAccumulator:
 
     def merge(self, other: SinkAccumulator) -> SinkAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
-        if not isinstance(other, SinkAccumulator):
-            raise ConfigError(f"expected a SinkAccumulator, got {type(other).__name__}")
-        mine = (self.n_grid, self.min_share, self.min_lift, self.min_distance, self.report_ids)
-        theirs = (other.n_grid, other.min_share, other.min_lift, other.min_distance,
-                  other.report_ids)
-        if mine != theirs:
-            raise ConfigError(
-                f"expected equal n_grid, min_share, min_lift, min_distance, got {mine} and "
-                f"{theirs}"
-            )
-        overlap = self._windows.keys() & other._windows.keys()
-        if overlap:
-            raise ConfigError(f"expected disjoint windows across shards, got (layer, window) "
-                              f"{sorted(overlap)[0]} in both")
+        self._check_mergeable(other, n_grid=self.n_grid, min_share=self.min_share,
+                              min_lift=self.min_lift, min_distance=self.min_distance,
+                              report_ids=self.report_ids)
+        check_disjoint(self._windows, other._windows)
         for layer, h in other._heads.items():
             self._check_heads(layer, h)
         for key, win in other._windows.items():
@@ -335,8 +327,12 @@ class SinkAccumulator:
             out[layer] = out.get(layer, 0) + 1
         return out
 
-    def compute(self) -> dict[str, np.ndarray]:
-        """Columns of table ``sink`` (without ``model``, ``corpus`` and the ``f_*`` columns)."""
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Tables ``sink`` (without the ``f_*`` columns, which the geometry pass gives) and
+        ``sink_tokens``."""
+        return {"sink": self._sink_columns(), "sink_tokens": self._token_columns()}
+
+    def _sink_columns(self) -> dict[str, np.ndarray]:
         cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_COLUMNS}
         nn = len(self.n_grid)
         grid = np.asarray(self.n_grid, dtype=np.int64)
@@ -372,9 +368,9 @@ class SinkAccumulator:
             np.add.at(occ, (hh, where[jj]), 1.0)
         return occ, occ0
 
-    def compute_tokens(self) -> dict[str, np.ndarray]:
-        """Columns of table ``sink_tokens``: per head the position-0 line, then each
-        detected or listed token (``position`` -1), by token id."""
+    def _token_columns(self) -> dict[str, np.ndarray]:
+        """Table ``sink_tokens``: per head the position-0 line, then each detected or
+        listed token (``position`` -1), by token id."""
         cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_TOKEN_COLUMNS}
         n_windows = self._n_windows()
         firsts = {int(t[SINK]) for t in self._window_tokens.values()}
@@ -416,10 +412,6 @@ class SinkAccumulator:
             cols["detected"].append(both(z_hit, hit[heads, slots]).astype(bool))
             cols["n_windows"].append(np.full(k, n_windows.get(layer, 0), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
-
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"sink": compute(), "sink_tokens": compute_tokens()}``."""
-        return {"sink": self.compute(), "sink_tokens": self.compute_tokens()}
 
 
 def _cat(parts: list[np.ndarray], name: str) -> np.ndarray:

@@ -40,12 +40,11 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import SINK, finite_rows, safe_cos
+from attngeom.core.bounds import finite_rows, safe_cos
+from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
+from attngeom.names import NO_REGIME, REGIME_RULES, REGIMES, SINK
 
-REGIMES = ("Retriever", "Mixer", "Reset")
-NO_REGIME = "none"
-REGIME_RULES = ("single", "lumped")
 COUNTED_QUERIES = ("final", "half")
 TAXONOMY_COLUMNS = (
     "layer", "head", "n_queries", "f_self", "f_sink", "f_other", "offset_entropy",
@@ -274,7 +273,7 @@ def _resampled_top(sources_w: list[tuple[int, np.ndarray]], weights: np.ndarray,
     return out
 
 
-class TaxonomyAccumulator:
+class TaxonomyAccumulator(Accumulator):
     """Streaming head taxonomy for table ``taxonomy`` (SPEC 4); merge exact.
 
     ``counted``: ``"final"`` counts every analysed query (one per window in ``final``
@@ -286,7 +285,7 @@ class TaxonomyAccumulator:
     the metric summary) giving the head its full-data label.
     """
 
-    table = "taxonomy"
+    tables = ("taxonomy",)
 
     def __init__(self, *, counted: str = "final", rule: str = "single", n_boot: int = 1000,
                  seed: int = 0) -> None:
@@ -357,19 +356,11 @@ class TaxonomyAccumulator:
 
     def merge(self, other: TaxonomyAccumulator) -> TaxonomyAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
-        if not isinstance(other, TaxonomyAccumulator):
-            raise ConfigError(f"expected a TaxonomyAccumulator, got {type(other).__name__}")
-        mine = (self.counted, self.rule, self.n_boot, self.seed)
-        theirs = (other.counted, other.rule, other.n_boot, other.seed)
-        if mine != theirs:
-            raise ConfigError(f"expected equal counted, rule, n_boot, seed, got {mine} and "
-                              f"{theirs}")
+        self._check_mergeable(other, counted=self.counted, rule=self.rule, n_boot=self.n_boot,
+                              seed=self.seed)
         for layer, ost in other._layers.items():
             st = self._layer(layer, ost.num_heads)
-            overlap = st.windows.keys() & ost.windows.keys()
-            if overlap:
-                raise ConfigError(f"expected disjoint windows across shards, got window "
-                                  f"{sorted(overlap)[0]} of layer {layer} in both")
+            check_disjoint(((layer, w) for w in st.windows), ((layer, w) for w in ost.windows))
             for k in st.sums:
                 st.sums[k] = st.sums[k] + ost.sums[k]
             st.add_offsets(ost.offsets_pos, ost.offsets_neg)
@@ -403,8 +394,8 @@ class TaxonomyAccumulator:
         same = (resampled == labels[None, :]).mean(0)
         return np.where(labels == NO_REGIME, np.nan, same)
 
-    def compute(self) -> dict[str, np.ndarray]:
-        """Columns of table ``taxonomy``: one row per (layer, head)."""
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Table ``taxonomy``: one row per (layer, head)."""
         cols: dict[str, list[np.ndarray]] = {c: [] for c in TAXONOMY_COLUMNS}
         for layer in sorted(self._layers):
             st = self._layers[layer]
@@ -448,11 +439,7 @@ class TaxonomyAccumulator:
             else:
                 out[c] = np.zeros(0, dtype=np.int64 if c in _INT_COLUMNS else
                                   object if c in _TEXT_COLUMNS else np.float64)
-        return out
-
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"taxonomy": compute()}``."""
-        return {self.table: self.compute()}
+        return {"taxonomy": out}
 
 
 def regime_shares_by_layer(table: Mapping[str, Sequence]) -> dict[str, np.ndarray]:

@@ -204,13 +204,16 @@ def _output_tensor(out: Any) -> Tensor:
     return out[0]
 
 
-def check_gates(model: nn.Module, input_ids: Tensor | None = None) -> None:
+def check_gates(model: nn.Module, input_ids: Tensor | None = None) -> dict[str, float]:
     """Self-check (STYLE habit 7): gates of one change nothing, a zero gate changes the output.
 
     Runs the model on ``input_ids`` (default: 8 fixed token ids) plainly, with gates
     of one (must be bit-identical), with head (0, 0) and with the last head of the
     last layer removed (each must change the output), and plainly again after the
     gates are gone (must be bit-identical to the first run).
+
+    Returns the largest absolute output difference of each run against the plain one:
+    ``gates_of_one`` and ``restored`` (both 0), ``removed L:H`` (each > 0).
 
     Raises:
         SelfCheckError: naming the model class and the check that failed.
@@ -229,11 +232,15 @@ def check_gates(model: nn.Module, input_ids: Tensor | None = None) -> None:
         with torch.no_grad():
             return _output_tensor(model(input_ids=input_ids)).detach().clone()
 
+    def deviation(a: Tensor, b: Tensor) -> float:
+        return float((a.float() - b.float()).abs().max())
+
     plain = forward()
     with head_gates(model):
         ones = forward()
     if not torch.equal(plain, ones):
         raise SelfCheckError(f"{name}: head gates of one changed the output")
+    report = {"gates_of_one": deviation(plain, ones)}
     last = (layout.num_layers - 1, layout.num_heads - 1)
     for head in sorted({(0, 0), last}):
         with remove_heads(model, [head]):
@@ -242,5 +249,9 @@ def check_gates(model: nn.Module, input_ids: Tensor | None = None) -> None:
             raise SelfCheckError(
                 f"{name}: removing layer {head[0]} head {head[1]} did not change the output"
             )
-    if not torch.equal(plain, forward()):
+        report[f"removed {head[0]}:{head[1]}"] = deviation(plain, removed)
+    again = forward()
+    if not torch.equal(plain, again):
         raise SelfCheckError(f"{name}: the output changed after the head gates were removed")
+    report["restored"] = deviation(plain, again)
+    return report

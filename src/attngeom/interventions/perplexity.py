@@ -28,10 +28,11 @@ from attngeom.interventions.gates import head_gates
 
 __all__ = [
     "NLLResult",
-    "check_batch_size",
+    "batch_nll_sum",
     "check_windows",
     "evaluate_nll",
     "head_removal_nll",
+    "head_removal_sums",
     "relative_delta",
     "window_nll",
 ]
@@ -86,12 +87,6 @@ def check_windows(model: nn.Module, input_ids: Tensor, what: str = "input_ids") 
     return input_ids.to(torch.long)
 
 
-def check_batch_size(batch_size: int) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    return batch_size
-
-
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -122,9 +117,8 @@ def _batches(input_ids: Tensor, batch_size: int) -> Iterator[Tensor]:
 
 def _nll_sum(model: nn.Module, input_ids: Tensor, batch_size: int) -> float:
     total = 0.0
-    with torch.no_grad():
-        for batch in _batches(input_ids, batch_size):
-            total += float(window_nll(model, batch).sum())
+    for batch in _batches(input_ids, batch_size):
+        total += batch_nll_sum(model, batch)
     return total
 
 
@@ -148,7 +142,6 @@ def evaluate_nll(model: nn.Module, input_ids: Tensor, *, batch_size: int = 8) ->
         >>> evaluate_nll(model, ids).perplexity  # doctest: +SKIP
     """
     input_ids = check_windows(model, input_ids)
-    batch_size = check_batch_size(batch_size)
     was_training = model.training
     model.eval()
     try:
@@ -157,6 +150,29 @@ def evaluate_nll(model: nn.Module, input_ids: Tensor, *, batch_size: int = 8) ->
         model.train(was_training)
     n_tokens = input_ids.shape[0] * (input_ids.shape[1] - 1)
     return NLLResult.from_sum(total, n_tokens)
+
+
+def batch_nll_sum(model: nn.Module, batch: Tensor) -> float:
+    """Summed next-token NLL of the windows of ``batch`` (B, T), without gradients."""
+    with torch.no_grad():
+        return float(window_nll(model, batch).sum())
+
+
+def head_removal_sums(model: nn.Module, batch: Tensor) -> tuple[float, Tensor]:
+    """Summed NLL of ``batch`` with all heads, and (L, H) float64 with each head removed.
+
+    Costs L * H + 1 forward passes; one set of gates is edited in place.
+    """
+    layout = model_layout(model)
+    base = batch_nll_sum(model, batch)
+    removed = torch.empty(layout.num_layers, layout.num_heads, dtype=torch.float64)
+    with head_gates(model) as gates:
+        for layer in range(layout.num_layers):
+            for head in range(layout.num_heads):
+                gates.fill_(1.0)
+                gates[layer, head] = 0.0
+                removed[layer, head] = batch_nll_sum(model, batch)
+    return base, removed
 
 
 def head_removal_nll(
@@ -168,23 +184,18 @@ def head_removal_nll(
         ``(base, nll)``: the unmodified model's :class:`NLLResult` and an (L, H)
         float64 tensor of mean NLL with head (l, h) removed and every other kept.
 
-    Costs L * H + 1 passes over ``input_ids``; one set of gates is edited in place.
+    Costs L * H + 1 passes over ``input_ids``.
     """
     input_ids = check_windows(model, input_ids)
-    batch_size = check_batch_size(batch_size)
-    layout = model_layout(model)
     n_tokens = input_ids.shape[0] * (input_ids.shape[1] - 1)
-    base = evaluate_nll(model, input_ids, batch_size=batch_size)
-    nll = torch.empty(layout.num_layers, layout.num_heads, dtype=torch.float64)
+    base_total, removed_total = 0.0, None
     was_training = model.training
     model.eval()
     try:
-        with head_gates(model) as gates:
-            for layer in range(layout.num_layers):
-                for head in range(layout.num_heads):
-                    gates.fill_(1.0)
-                    gates[layer, head] = 0.0
-                    nll[layer, head] = _nll_sum(model, input_ids, batch_size) / n_tokens
+        for batch in _batches(input_ids, batch_size):
+            base, removed = head_removal_sums(model, batch)
+            base_total += base
+            removed_total = removed if removed_total is None else removed_total + removed
     finally:
         model.train(was_training)
-    return base, nll
+    return NLLResult.from_sum(base_total, n_tokens), removed_total / n_tokens

@@ -1,4 +1,4 @@
-"""Head rankers: orders of heads from first-to-remove to last (SPEC 6).
+"""Head rankers: orders of heads from first-to-remove to last (SPEC 6), and their registry.
 
 SPEC 6 compares the geometric taxonomy (SPEC 4) as a pruning order with the
 usual baselines. Every ranker returns a :class:`HeadRanking`: all L * H heads,
@@ -13,15 +13,17 @@ first to remove first, and the per-head score the order came from.
 - ``gradient``: ascending ``|dL/d gate_h|`` averaged over windows (Michel et al. 2019);
 - ``sensitivity``: ascending single-head removal delta-NLL (an oracle).
 
-Ties go to the smaller (layer, head); NaN scores go last. Rankers that read data
-take the *ranking* windows, which the sweep keeps disjoint from the evaluation
-windows (SPEC 6).
+``RANKERS`` registers each one (``Ranker``): whether it reads the ranking windows,
+whether it is seeded or ordered, its per-batch statistics (summed over the window
+batches, so a run can stream, resume and shard them) and the ranking made from them.
+Adding a ranker is one function and one ``register`` call here
+(``docs/extending.md``). Ties go to the smaller (layer, head); NaN scores go last.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,15 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attngeom.capture import attention_output_projections, capture_attention, model_layout
-from attngeom.errors import ConfigError, ModelError
+from attngeom.capture import capture_attention, head_weights, model_layout
+from attngeom.errors import ConfigError
 from attngeom.interventions.gates import window_gates
-from attngeom.interventions.perplexity import (
-    check_batch_size,
-    check_windows,
-    head_removal_nll,
-    window_nll,
-)
+from attngeom.interventions.perplexity import check_windows, head_removal_sums, window_nll
+from attngeom.names import NO_REGIME, RANKER_REGIMES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,9 +46,9 @@ __all__ = [
     "NO_ORDER",
     "NO_SEED",
     "RANKERS",
-    "REGIMES",
     "HeadRanking",
-    "check_ranker",
+    "Ranker",
+    "add_stats",
     "check_taxonomy_table",
     "entropy_ranking",
     "gradient_importance",
@@ -60,14 +58,13 @@ __all__ = [
     "parse_order",
     "rank_heads",
     "random_ranking",
+    "ranking_stats",
     "sensitivity_ranking",
     "taxonomy_ranking",
 ]
 
-RANKERS = ("taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity")
-REGIMES = ("Mixer", "Reset", "Retriever")
-DEFAULT_ORDER = ("Mixer", "Reset", "Retriever")
-ALL_ORDERS = tuple(itertools.permutations(REGIMES))
+DEFAULT_ORDER = RANKER_REGIMES
+ALL_ORDERS = tuple(itertools.permutations(RANKER_REGIMES))
 NO_ORDER = "-"  # the ``order`` column of rankers that have no regime order
 NO_SEED = -1  # the ``seed`` column of rankers that use no randomness
 TAXONOMY_COLUMNS = ("layer", "head", "regime", "mean_output_norm")
@@ -133,11 +130,11 @@ def order_name(order: Sequence[str]) -> str:
 def parse_order(order: Sequence[str] | str) -> tuple[str, str, str]:
     """A regime order as a tuple; accepts a sequence or ``"Mixer>Reset>Retriever"``.
 
-    Raises ConfigError unless it is a permutation of :data:`REGIMES`.
+    Raises ConfigError unless it is a permutation of ``names.RANKER_REGIMES``.
     """
     items = tuple(order.split(">")) if isinstance(order, str) else tuple(order)
-    if sorted(items) != sorted(REGIMES):
-        raise ConfigError(f"order: expected a permutation of {REGIMES}, got {order!r}")
+    if sorted(items) != sorted(RANKER_REGIMES):
+        raise ConfigError(f"order: expected a permutation of {RANKER_REGIMES}, got {order!r}")
     return items  # type: ignore[return-value]
 
 
@@ -157,9 +154,9 @@ def check_taxonomy_table(table: Any, num_layers: int, num_heads: int) -> None:
             f"taxonomy: expected one row per head of {num_layers} layers x {num_heads} heads, "
             f"got {len(pairs)} rows covering {len(set(pairs) & expected)} of {len(expected)} heads"
         )
-    bad = sorted(set(table["regime"]) - set(REGIMES) - {"none"})
+    bad = sorted(set(table["regime"]) - set(RANKER_REGIMES) - {NO_REGIME})
     if bad:
-        raise ConfigError(f"taxonomy: expected regimes {REGIMES} or 'none', got {bad}")
+        raise ConfigError(f"taxonomy: expected regimes {RANKER_REGIMES} or 'none', got {bad}")
 
 
 def taxonomy_ranking(
@@ -205,76 +202,7 @@ def taxonomy_ranking(
     return HeadRanking("taxonomy", ordered, scores, order=order_name(order))
 
 
-# --------------------------------------------------------------------------- magnitude
-
-# Leaf module names of value projections, separate or fused, by layout of their output.
-_SEPARATE_V = ("v_proj", "value", "v_lin", "v")
-_FUSED_BLOCKS = ("c_attn", "qkv_proj", "Wqkv")  # output [q (H*d) | k (G*d) | v (G*d)]
-_FUSED_PER_HEAD = ("query_key_value",)  # GPT-NeoX / Bloom: output (H, [q | k | v] d)
-
-
-def _weight_matrix(module: nn.Module, in_features: int) -> Tensor:
-    """The (out, in) matrix of a linear map: Linear, GPT-2 Conv1D, or probed with an identity."""
-    if isinstance(module, nn.Linear):
-        return module.weight.detach()
-    weight = getattr(module, "weight", None)
-    if type(module).__name__ == "Conv1D" and isinstance(weight, Tensor) and weight.dim() == 2:
-        return weight.detach().t()  # Conv1D stores (in, out)
-    param = next(module.parameters())
-    with torch.no_grad():
-        eye = torch.eye(in_features, dtype=param.dtype, device=param.device)
-        zero = torch.zeros(1, in_features, dtype=param.dtype, device=param.device)
-        return (module(eye) - module(zero)).t()
-
-
-def _find_value_projection(model: nn.Module, projection: nn.Module) -> tuple[str, nn.Module]:
-    """The value projection serving the same attention block as ``projection``.
-
-    Walks up from the output projection's qualified name and searches each
-    enclosing module (nearest first) for a known value-projection leaf name, so
-    Llama-style ``self_attn.v_proj``, BERT's ``attention.self.value`` (a sibling
-    of ``attention.output.dense``) and fused GPT-2 / GPT-NeoX blocks all resolve.
-    """
-    names = {id(m): n for n, m in model.named_modules()}
-    qualified = names.get(id(projection))
-    if qualified is None:
-        raise ModelError("magnitude: the output projection is not a submodule of the model")
-    parts = qualified.split(".")
-    wanted = _SEPARATE_V + _FUSED_BLOCKS + _FUSED_PER_HEAD
-    for depth in range(len(parts) - 1, 0, -1):
-        parent = model.get_submodule(".".join(parts[:depth]))
-        for name in wanted:
-            for sub_name, sub in parent.named_modules():
-                if sub_name.split(".")[-1] == name and sub is not projection:
-                    return name, sub
-    raise ModelError(
-        f"magnitude: no value projection ({', '.join(wanted)}) found near {qualified} "
-        f"in {type(model).__name__}"
-    )
-
-
-def _value_rows(model: nn.Module, layer: int, projection: nn.Module, hidden: int) -> Tensor:
-    """(G, d, hidden) value-projection rows of each kv head of one layer."""
-    layout = model_layout(model)
-    h, g, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    name, module = _find_value_projection(model, projection)
-    w = _weight_matrix(module, hidden).to(torch.float64)
-    if name in _SEPARATE_V:
-        kv, expected = g, g * d
-    elif name in _FUSED_BLOCKS:
-        kv, expected = g, h * d + 2 * g * d
-    else:
-        kv, expected = h, 3 * h * d
-    if w.shape[0] != expected:
-        raise ModelError(
-            f"magnitude: expected {name} in layer {layer} of {layout.model_class} to have "
-            f"{expected} outputs, got {w.shape[0]}"
-        )
-    if name in _FUSED_BLOCKS:
-        w = w[h * d + g * d :]
-    elif name in _FUSED_PER_HEAD:
-        w = w.view(h, 3, d, -1)[:, 2]
-    return w.reshape(kv, d, -1)
+# --------------------------------------------------------------------------- weights only
 
 
 def magnitude_ranking(model: nn.Module) -> HeadRanking:
@@ -282,50 +210,35 @@ def magnitude_ranking(model: nn.Module) -> HeadRanking:
 
     ``W_V[g]`` are the value-projection rows of the kv head g that serves query
     head h (h // (H / G)); ``W_O[:, h]`` the output-projection columns fed by head
-    h. Read from the weights (biases ignored): no data needed.
-
-    Example:
-        >>> magnitude_ranking(model).heads[0]  # doctest: +SKIP
+    h (``capture.head_weights``). Read from the weights (biases ignored): no data.
     """
     layout = model_layout(model)
-    h, d = layout.num_heads, layout.head_dim
-    scores = torch.empty(layout.num_layers, h, dtype=torch.float64)
-    for layer, projection in enumerate(attention_output_projections(model)):
-        w_o = _weight_matrix(projection, h * d).to(torch.float64)  # (hidden, H*d)
-        if w_o.shape[1] != h * d:
-            raise ModelError(
-                f"magnitude: expected the output projection of layer {layer} to take "
-                f"{h * d} inputs, got {w_o.shape[1]}"
-            )
-        o_norm = w_o.view(w_o.shape[0], h, d).pow(2).sum(dim=(0, 2)).sqrt()  # (H,)
-        v_rows = _value_rows(model, layer, projection, w_o.shape[0])
-        v_norm = v_rows.pow(2).sum(dim=(1, 2)).sqrt()  # (G,) or (H,)
-        group = h // v_norm.shape[0]
+    scores = torch.empty(layout.num_layers, layout.num_heads, dtype=torch.float64)
+    for layer, (w_v, w_o) in enumerate(head_weights(model)):
+        o_norm = w_o.pow(2).sum(dim=(0, 2)).sqrt()  # (H,)
+        v_norm = w_v.pow(2).sum(dim=(1, 2)).sqrt()  # (G,) or (H,)
+        group = layout.num_heads // v_norm.shape[0]
         scores[layer] = v_norm.repeat_interleave(group) * o_norm
     return HeadRanking("magnitude", _by_score(scores, descending=False), scores)
 
 
-# --------------------------------------------------------------------------- data rankers
+def random_ranking(model: nn.Module, *, seed: int = 0) -> HeadRanking:
+    """A uniformly random order of heads, reproducible from ``seed`` (SPEC 6 control).
 
-
-def _check_rank_ids(model: nn.Module, rank_ids: Tensor | None, ranker: str) -> Tensor:
-    if rank_ids is None:
-        raise ConfigError(f"rank_ids: the {ranker} ranker needs ranking windows (N, T), got None")
-    return check_windows(model, rank_ids, what="rank_ids")
-
-
-def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
-    """Order heads by descending mean attention entropy over the ranking windows (SPEC 6).
-
-    Entropy of a row is ``-sum_j alpha[t, j] ln alpha[t, j]`` (nats) over the visible
-    keys, averaged over every query row of every window; diffuse heads go first.
-
-    Args:
-        rank_ids: (N, T) ranking windows.
+    ``scores`` are the uniform draws the order sorts by (ascending).
     """
-    if not isinstance(rank_ids, Tensor) or rank_ids.dim() != 2:
-        raise ConfigError(f"rank_ids: expected token ids of shape (N, T), got {rank_ids!r}")
-    batch_size = check_batch_size(batch_size)
+    layout = model_layout(model)
+    gen = torch.Generator().manual_seed(int(seed))
+    scores = torch.rand(layout.num_layers, layout.num_heads, generator=gen, dtype=torch.float64)
+    return HeadRanking("random", _by_score(scores, descending=False), scores, seed=int(seed))
+
+
+# --------------------------------------------------------------------------- data: per batch
+# Each returns sums over the batch's windows; ``add_stats`` adds batches in order.
+
+
+def entropy_stats(model: nn.Module, batch: Tensor) -> dict[str, Tensor]:
+    """Summed attention entropy of every query row (nats), per (layer, head), and rows."""
     layout = model_layout(model)
     total = torch.zeros(layout.num_layers, layout.num_heads, dtype=torch.float64)
     rows = torch.zeros(layout.num_layers, dtype=torch.float64)
@@ -338,65 +251,163 @@ def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) 
         rows[capture.layer] += alpha.shape[0] * alpha.shape[2]
 
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()  # dropout would perturb the probabilities being ranked
-    try:
-        with torch.no_grad(), capture_attention(model, consumer):
-            for start in range(0, rank_ids.shape[0], batch_size):
-                model(input_ids=rank_ids[start : start + batch_size].to(device))
-    finally:
-        model.train(was_training)
-    scores = total / rows[:, None]
+    with torch.no_grad(), capture_attention(model, consumer):
+        model(input_ids=batch.to(device))
+    return {"entropy": total, "rows": rows}
+
+
+def gradient_stats(model: nn.Module, batch: Tensor) -> dict[str, Tensor]:
+    """Summed ``|dL(x) / d gate_h|`` over the batch's windows x at gates of one.
+
+    ``L(x)`` is window x's mean next-token NLL; each window gets its own gates
+    (:func:`window_gates`), so one backward pass gives every window's gradient;
+    ``torch.autograd.grad`` leaves the parameters' ``.grad`` untouched.
+    """
+    per_window = batch.shape[1] - 1
+    with torch.enable_grad(), window_gates(model, batch.shape[0]) as gates:
+        loss = (window_nll(model, batch) / per_window).sum()
+        (grad,) = torch.autograd.grad(loss, gates)
+    return {"gradient": grad.abs().to(torch.float64).sum(dim=0),
+            "windows": torch.tensor(float(batch.shape[0]), dtype=torch.float64)}
+
+
+def sensitivity_stats(model: nn.Module, batch: Tensor) -> dict[str, Tensor]:
+    """Summed NLL with all heads and with each head removed alone, and the token count."""
+    base, removed = head_removal_sums(model, batch)
+    return {"base": torch.tensor(base, dtype=torch.float64), "removed": removed,
+            "tokens": torch.tensor(float(batch.shape[0] * (batch.shape[1] - 1)),
+                                   dtype=torch.float64)}
+
+
+def add_stats(total: dict[str, Tensor] | None, part: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Add one batch's statistics to the running sums (in batch order)."""
+    if total is None:
+        return {k: v.clone() for k, v in part.items()}
+    return {k: total[k] + part[k] for k in total}
+
+
+def _entropy_rank(model, *, stats, **_):
+    scores = stats["entropy"] / stats["rows"][:, None]
     return HeadRanking("entropy", _by_score(scores, descending=True), scores)
 
 
-def random_ranking(model: nn.Module, *, seed: int = 0) -> HeadRanking:
-    """A uniformly random order of heads, reproducible from ``seed`` (SPEC 6 control).
+def _gradient_rank(model, *, stats, **_):
+    scores = stats["gradient"] / stats["windows"]
+    return HeadRanking("gradient", _by_score(scores, descending=False), scores)
 
-    ``scores`` are the uniform draws the order sorts by (ascending).
+
+def _sensitivity_rank(model, *, stats, **_):
+    # the same divisions as the scan: NLL per token first, then the relative change
+    base = float(stats["base"]) / float(stats["tokens"])
+    nll = stats["removed"] / float(stats["tokens"])
+    scores = (nll - base) / base
+    return HeadRanking("sensitivity", _by_score(scores, descending=False), scores)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Ranker:
+    """One head ranker.
+
+    ``batch_stats(model, batch)`` (rankers that read the ranking windows) returns
+    per-batch sums; ``rank(model, stats=..., seed=..., order=..., taxonomy=...)`` makes
+    the ranking, reading only what it needs. ``seeded`` rankers give one ranking per
+    seed, ``ordered`` ones one per regime order; ``needs_taxonomy`` ones read the
+    taxonomy table of the ranking windows.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ConfigError(f"seed: expected an integer, got {seed!r}")
+
+    name: str
+    rank: Callable[..., HeadRanking]
+    batch_stats: Callable[[nn.Module, Tensor], dict[str, Tensor]] | None = None
+    seeded: bool = False
+    ordered: bool = False
+    needs_taxonomy: bool = False
+
+    @property
+    def needs_windows(self) -> bool:
+        return self.batch_stats is not None or self.needs_taxonomy
+
+    def make(self, model: nn.Module, *, stats=None, taxonomy=None, seed: int = 0,
+             order: Sequence[str] | str = DEFAULT_ORDER) -> HeadRanking:
+        """The ranking from what this ranker reads (the rest is ignored)."""
+        if self.needs_taxonomy and taxonomy is None:
+            raise ConfigError(f"taxonomy: the {self.name} ranker needs the per-head table, "
+                              "got None")
+        if self.batch_stats is not None and stats is None:
+            raise ConfigError(f"rank_ids: the {self.name} ranker needs ranking windows (N, T), "
+                              "got None")
+        return self.rank(model, stats=stats, seed=seed, order=parse_order(order),
+                         taxonomy=taxonomy)
+
+
+RANKERS: dict[str, Ranker] = {}
+
+
+def register(ranker: Ranker) -> Ranker:
+    RANKERS[ranker.name] = ranker
+    return ranker
+
+
+def _taxonomy_rank(model, *, taxonomy, order=DEFAULT_ORDER, **_):
     layout = model_layout(model)
-    gen = torch.Generator().manual_seed(int(seed))
-    scores = torch.rand(layout.num_layers, layout.num_heads, generator=gen, dtype=torch.float64)
-    return HeadRanking("random", _by_score(scores, descending=False), scores, seed=int(seed))
+    return taxonomy_ranking(taxonomy, order=order, num_layers=layout.num_layers,
+                            num_heads=layout.num_heads)
+
+
+register(Ranker("taxonomy", _taxonomy_rank, ordered=True, needs_taxonomy=True))
+register(Ranker("magnitude", lambda model, **_: magnitude_ranking(model)))
+register(Ranker("entropy", _entropy_rank, batch_stats=entropy_stats))
+register(Ranker("random", lambda model, seed=0, **_: random_ranking(model, seed=seed),
+                seeded=True))
+register(Ranker("gradient", _gradient_rank, batch_stats=gradient_stats))
+register(Ranker("sensitivity", _sensitivity_rank, batch_stats=sensitivity_stats))
+
+
+def ranker(name: str) -> Ranker:
+    """The registered ranker ``name`` (``ConfigError`` listing the valid ones otherwise)."""
+    if name not in RANKERS:
+        raise ConfigError(f"ranker: expected one of {', '.join(RANKERS)}, got {name!r}")
+    return RANKERS[name]
+
+
+def ranking_stats(name: str, model: nn.Module, rank_ids: Tensor, *,
+                  batch_size: int = 8) -> dict[str, Tensor]:
+    """The summed statistics of a data ranker over ``rank_ids`` (N, T), batch by batch."""
+    spec = ranker(name)
+    rank_ids = check_windows(model, rank_ids, what="rank_ids")
+    total = None
+    was_training = model.training
+    model.eval()  # dropout would perturb what is being ranked
+    try:
+        for start in range(0, rank_ids.shape[0], batch_size):
+            total = add_stats(total, spec.batch_stats(model, rank_ids[start : start + batch_size]))
+    finally:
+        model.train(was_training)
+    return total
+
+
+def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
+    """Order heads by descending mean attention entropy over the ranking windows (SPEC 6).
+
+    Entropy of a row is ``-sum_j alpha[t, j] ln alpha[t, j]`` (nats) over the visible
+    keys, averaged over every query row of every window; diffuse heads go first.
+    """
+    return _entropy_rank(model, stats=ranking_stats("entropy", model, rank_ids,
+                                                    batch_size=batch_size))
 
 
 def gradient_importance(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> Tensor:
-    """(L, H) mean over windows x of ``|dL(x) / d gate_h|`` at gates of one.
-
-    ``L(x)`` is window x's mean next-token NLL. Each window gets its own gates
-    (:func:`window_gates`), so one backward pass per batch yields every window's
-    gradient; ``torch.autograd.grad`` leaves the parameters' ``.grad`` untouched.
-    """
-    rank_ids = check_windows(model, rank_ids, what="rank_ids")
-    batch_size = check_batch_size(batch_size)
-    layout = model_layout(model)
-    total = torch.zeros(layout.num_layers, layout.num_heads, dtype=torch.float64)
-    per_window = rank_ids.shape[1] - 1
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            for start in range(0, rank_ids.shape[0], batch_size):
-                batch = rank_ids[start : start + batch_size]
-                with window_gates(model, batch.shape[0]) as gates:
-                    loss = (window_nll(model, batch) / per_window).sum()
-                    (grad,) = torch.autograd.grad(loss, gates)
-                total += grad.abs().to(torch.float64).sum(dim=0)
-    finally:
-        model.train(was_training)
-    return total / rank_ids.shape[0]
+    """(L, H) mean over windows x of ``|dL(x) / d gate_h|`` at gates of one."""
+    stats = ranking_stats("gradient", model, rank_ids, batch_size=batch_size)
+    return stats["gradient"] / stats["windows"]
 
 
 def gradient_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
-    """Order heads by ascending gradient importance ``|dL/d gate_h|`` (Michel et al. 2019).
-
-    The expected-sensitivity baseline of SPEC 6; scores from :func:`gradient_importance`.
-    """
-    scores = gradient_importance(model, rank_ids, batch_size=batch_size)
-    return HeadRanking("gradient", _by_score(scores, descending=False), scores)
+    """Order heads by ascending gradient importance ``|dL/d gate_h|`` (Michel et al. 2019)."""
+    return _gradient_rank(model, stats=ranking_stats("gradient", model, rank_ids,
+                                                     batch_size=batch_size))
 
 
 def sensitivity_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
@@ -405,16 +416,8 @@ def sensitivity_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int =
     ``scores[l, h] = (nll without head (l, h) - nll) / nll`` on the ranking windows;
     costs L * H + 1 passes over them.
     """
-    base, nll = head_removal_nll(model, rank_ids, batch_size=batch_size)
-    scores = (nll - base.nll) / base.nll
-    return HeadRanking("sensitivity", _by_score(scores, descending=False), scores)
-
-
-def check_ranker(name: str) -> str:
-    """Return ``name`` if it is a ranker, else raise ConfigError listing the valid ones."""
-    if name not in RANKERS:
-        raise ConfigError(f"ranker: expected one of {', '.join(RANKERS)}, got {name!r}")
-    return name
+    return _sensitivity_rank(model, stats=ranking_stats("sensitivity", model, rank_ids,
+                                                        batch_size=batch_size))
 
 
 def rank_heads(
@@ -427,31 +430,13 @@ def rank_heads(
     order: Sequence[str] | str = DEFAULT_ORDER,
     batch_size: int = 8,
 ) -> HeadRanking:
-    """Run the ranker called ``name`` (one of :data:`RANKERS`) on ``model`` (SPEC 6).
+    """Run the ranker called ``name`` (one of ``RANKERS``) on ``model`` (SPEC 6).
 
-    ``rank_ids`` are needed by entropy, gradient and sensitivity; ``taxonomy`` and
-    ``order`` by taxonomy; ``seed`` by random.
-
-    Raises:
-        ConfigError: for an unknown name (listing the valid ones) or a missing input.
+    ``rank_ids`` are read by the rankers with per-batch statistics (entropy, gradient,
+    sensitivity); ``taxonomy`` and ``order`` by taxonomy; ``seed`` by random.
     """
-    check_ranker(name)
-    if name == "taxonomy":
-        if taxonomy is None:
-            raise ConfigError("taxonomy: the taxonomy ranker needs the per-head table, got None")
-        layout = model_layout(model)
-        return taxonomy_ranking(
-            taxonomy, order=order, num_layers=layout.num_layers, num_heads=layout.num_heads
-        )
-    if name == "magnitude":
-        return magnitude_ranking(model)
-    if name == "random":
-        return random_ranking(model, seed=seed)
-    if name == "entropy":
-        if rank_ids is None:
-            raise ConfigError("rank_ids: the entropy ranker needs ranking windows (N, T), got None")
-        return entropy_ranking(model, rank_ids, batch_size=batch_size)
-    rank_ids = _check_rank_ids(model, rank_ids, name)
-    if name == "gradient":
-        return gradient_ranking(model, rank_ids, batch_size=batch_size)
-    return sensitivity_ranking(model, rank_ids, batch_size=batch_size)
+    spec = ranker(name)
+    stats = None
+    if spec.batch_stats is not None and rank_ids is not None:
+        stats = ranking_stats(name, model, rank_ids, batch_size=batch_size)
+    return spec.make(model, stats=stats, seed=seed, order=order, taxonomy=taxonomy)

@@ -1,9 +1,9 @@
-"""Corpus -> windows -> model -> accumulators: the streaming pass of ``attngeom analyze``.
+"""Windows -> model -> accumulators: the streaming pass of every analysis.
 
 Each batch of windows goes through the model once under ``capture_attention``; every
 layer's attention rows and value states become ``AttentionBatch`` objects (one per
-window and query chunk, sharing one ``ValueStats``) and are fed to every
-accumulator. Nothing of size T x T outlives its layer.
+window and query chunk, sharing one ``ValueStats``) and are fed to the run's
+``AnalysisSet``. Nothing of size T x T outlives its layer.
 """
 
 from __future__ import annotations
@@ -14,81 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attngeom.core.accumulators import TopNAccumulator, TopNConfig
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 
 DEFAULT_CHUNK_ROWS = 256
-
-
-@dataclass
-class Accumulators:
-    """The accumulators of one run, by analysis name."""
-
-    items: dict[str, object] = field(default_factory=dict)
-
-    def update(self, batch: AttentionBatch) -> None:
-        self.update_many([batch])
-
-    def update_many(self, batches: list[AttentionBatch]) -> None:
-        """The windows of one forward batch; accumulators that can stack them do."""
-        for acc in self.items.values():
-            if hasattr(acc, "update_many"):
-                acc.update_many(batches)
-            else:
-                for batch in batches:
-                    acc.update(batch)
-
-    def merge(self, other: Accumulators) -> None:
-        for name, acc in self.items.items():
-            acc.merge(other.items[name])
-
-    def compute(self) -> dict[str, dict]:
-        """Every table the accumulators hold, as column dicts."""
-        tables: dict[str, dict] = {}
-        for name, acc in self.items.items():
-            out = acc.tables() if hasattr(acc, "tables") else acc.compute()
-            if out and all(isinstance(v, dict) for v in out.values()):
-                tables.update(out)
-            else:
-                tables[name] = out
-        return tables
-
-
-def make_accumulators(config, num_tokens: int, special_ids=()) -> Accumulators:
-    """One accumulator per requested analysis (SPEC 2-5); ``special_ids`` are the token
-    ids the sink-by-token table always reports (the tokenizer's special tokens)."""
-    acc: dict[str, object] = {}
-    grid = tuple(config.n_grid)
-    if "metrics" in config.analyses:
-        acc["metrics"] = TopNAccumulator(
-            TopNConfig(
-                n_grid=grid, rules=tuple(config.rules), distances=tuple(config.distances),
-                variants=tuple(config.variants), repeats=config.effective_repeats,
-                seed=config.seed, bounds="bounds" in config.analyses,
-            )
-        )
-    if "sink" in config.analyses:
-        from attngeom.core.sink import SinkAccumulator
-
-        acc["sink"] = SinkAccumulator(grid, report_ids=special_ids)
-    if "taxonomy" in config.analyses:
-        from attngeom.core.taxonomy import TaxonomyAccumulator
-
-        acc["taxonomy"] = TaxonomyAccumulator(
-            counted="final" if config.query_mode == "final" else "half",
-            rule=config.regime_rule, n_boot=config.bootstrap, seed=config.seed,
-        )
-    if "bounds" in config.analyses:
-        from attngeom.core.bounds import BoundsAccumulator
-
-        acc["bounds"] = BoundsAccumulator(grid)
-    if "assumptions" in config.analyses:
-        from attngeom.core.assumptions import AssumptionsAccumulator
-
-        acc["assumptions"] = AssumptionsAccumulator()
-    return Accumulators(acc)
 
 
 @dataclass
@@ -114,15 +44,17 @@ def stream_windows(
     layout,
     windows: Sequence,
     config,
-    accumulators: Accumulators,
+    accumulators,
     *,
-    progress: bool | Callable = True,
+    progress: Callable[[int], None] | None = None,
 ) -> StreamStats:
     """Run every window through the model once and feed each layer to the accumulators.
 
     Each window analyses its own content positions; a forward batch captures the union
     of its windows' rows and hands each window only its own. Value statistics live for
     one layer at a time, so nothing of size T x T outlives its layer (SPEC 8).
+    ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
+    with the number of windows each batch finished.
     """
     from attngeom.capture import capture_attention
 
@@ -165,7 +97,6 @@ def stream_windows(
         if batches:
             accumulators.update_many(batches)
 
-    bar = _progress(progress, len(windows), num_tokens)
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (SPEC 8)
     chunk = config.chunk_size or DEFAULT_CHUNK_ROWS
@@ -176,6 +107,8 @@ def stream_windows(
             union = torch.unique(torch.cat(own_rows))
             if union.numel() == 0:
                 stats.windows += len(current)
+                if progress is not None:
+                    progress(len(current))
                 continue
             ids = torch.stack([w.input_ids for w in current]).to(device)
             cache.clear()
@@ -188,14 +121,8 @@ def stream_windows(
                 _check_all_layers(stats, layout)  # fail on the first batch, not the last
             stats.windows += len(current)
             stats.tokens += ids.numel()
-            if bar is not None:
-                bar.update(len(current))
-                elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(
-                    win_s=f"{stats.windows / elapsed:.2f}", tok_s=f"{stats.tokens / elapsed:,.0f}"
-                )
-    if bar is not None:
-        bar.close()
+            if progress is not None:
+                progress(len(current))
     stats.seconds = time.perf_counter() - start
     return stats
 
@@ -208,16 +135,6 @@ def _check_all_layers(stats: StreamStats, layout) -> None:
             f"{layout.model_class}: captured {len(stats.layers_seen)} of {layout.num_layers} "
             "layers; its attention does not all go through the transformers attention interface"
         )
-
-
-def _progress(progress, total: int, num_tokens: int):
-    if progress is False or progress is None:
-        return None
-    if callable(progress) and not isinstance(progress, bool):
-        return progress(total)
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="win", desc=f"analyse ({num_tokens} tok/window)", leave=False)
 
 
 def grid_report(n_grid: Sequence[int], num_tokens: int, query_mode: str, causal: bool) -> dict:

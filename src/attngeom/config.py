@@ -1,0 +1,354 @@
+"""The configuration of every command, each option declared once (a leaf: no torch).
+
+A frozen dataclass per command (``AnalysisConfig``, ``PruneConfig``, ``ScanConfig``,
+``RestrictConfig``) shares the base ``RunConfig`` (model, corpus, windows, device,
+dtype, seed). Each field carries its help text; the CLI builds its options from the
+fields (``attngeom.cli``), a study file fills the same fields, and the API takes them
+as keyword arguments, so an option is declared in exactly one place. Validation
+happens once, in ``__post_init__``, with the checks of ``attngeom.validate``: a bad
+value fails in a second with one line, before any model or corpus work.
+
+>>> AnalysisConfig(model="m", corpus="c", n_grid="8,1,2").n_grid
+(1, 2, 8)
+>>> AnalysisConfig(model="m", corpus="c", query_mode="last")
+Traceback (most recent call last):
+...
+attngeom.errors.ConfigError: query_mode: expected 'final', 'all' or 'stride:k' with k >= 1, \
+got 'last'
+"""
+
+from __future__ import annotations
+
+import itertools
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import ClassVar
+
+from attngeom import validate as v
+from attngeom.assets import DEFAULT_CORPUS, DEFAULT_MODEL, asset
+from attngeom.errors import ConfigError
+from attngeom.names import (
+    ANALYSES,
+    ANALYSIS_NEEDS,
+    DISTANCES,
+    DOC_BOUNDARIES,
+    DTYPES,
+    RANKER_REGIMES,
+    RANKERS,
+    REGIME_RULES,
+    RESTRICT_SCOPES,
+    RULES,
+    VARIANTS,
+)
+
+__all__ = [
+    "COMMANDS", "AnalysisConfig", "PruneConfig", "RestrictConfig", "RunConfig", "ScanConfig",
+    "option", "option_fields",
+]
+
+
+def option(default=MISSING, *, help: str, factory=None, fingerprint: bool = True,
+           metavar: str | None = None, cli: bool = True):
+    """A configuration field with its help text (shown by ``--help`` with the default).
+
+    ``fingerprint=False`` marks fields that change how a run is computed but not its
+    numbers (device, batch sizes), which a resumed or repeated run may change.
+    """
+    meta = {"help": help, "fingerprint": fingerprint, "metavar": metavar, "cli": cli}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every command shares: which model, which corpus, which windows, where."""
+
+    command: ClassVar[str] = ""
+
+    model: str | None = option(
+        None, help="hub id, local model directory or .gguf file (default: the shared "
+        "stories260K, found through ATTNGEOM_ASSETS)", metavar="MODEL")
+    corpus: str | None = option(
+        None, help="a .txt, .jsonl or .parquet file, a folder of them, or wikitext-103, "
+        "wikitext-2, openwebtext (default: the shared TinyStories sample)", metavar="CORPUS")
+    window_length: int = option(256, help="tokens per window (T), special tokens included")
+    start_window: int = option(0, help="index of the first window taken from the corpus")
+    seed: int = option(0, help="seed of the random control, bootstrap and seeded rankers")
+    device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
+    dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
+    batch_size: int = option(4, help="windows per forward pass", fingerprint=False)
+    text_column: str = option("text", help="text column of .jsonl / .parquet corpora")
+    separator: str | None = option(
+        None, help="line that separates documents in a .txt corpus (default: "
+        "<|endoftext|> if present, else blank lines)")
+    doc_boundary: str = option(
+        "auto", help="what goes between documents: auto (the tokenizer's training "
+        "convention), bos, eos, sep or none")
+    boundary_token: str | None = option(
+        None, help="the token placed at document boundaries instead of the tokenizer's own")
+    model_label: str | None = option(None, help="model name in the tables (default: from MODEL)")
+    corpus_label: str | None = option(None, help="corpus name in the tables (default: from "
+                                      "CORPUS)")
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        for name, default in (("model", DEFAULT_MODEL), ("corpus", DEFAULT_CORPUS)):
+            value = getattr(self, name)
+            if value is None:
+                try:  # resolved now where the assets are at hand; else when the run starts
+                    s(self, name, asset(default, f"--{name}"))
+                except ConfigError:
+                    pass
+            else:
+                s(self, name, str(value))
+        s(self, "window_length", v.integer("window_length", self.window_length, low=2))
+        s(self, "start_window", v.integer("start_window", self.start_window, low=0))
+        s(self, "seed", v.integer("seed", self.seed))
+        s(self, "batch_size", v.integer("batch_size", self.batch_size, low=1))
+        v.one_of("dtype", self.dtype, DTYPES)
+        v.text("device", self.device)
+        v.text("text_column", self.text_column)
+        v.text("separator", self.separator, optional=True)
+        v.one_of("doc_boundary", self.doc_boundary, DOC_BOUNDARIES)
+        if self.boundary_token is not None:
+            v.text("boundary_token", self.boundary_token)
+            if self.doc_boundary in ("auto", "none"):
+                raise ConfigError(
+                    "boundary_token: expected --doc-boundary bos, eos or sep with a boundary "
+                    f"token, got doc_boundary {self.doc_boundary!r}"
+                )
+
+    # ------------------------------------------------------------------ use
+
+    def with_(self, **changes) -> RunConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def require_model_and_corpus(self) -> None:
+        """Raise the one-line "pass --model" error where no default could be found."""
+        for name, default in (("model", DEFAULT_MODEL), ("corpus", DEFAULT_CORPUS)):
+            if getattr(self, name) is None:
+                asset(default, f"--{name}")
+
+    @property
+    def windows_needed(self) -> int | None:
+        """How many windows the command reads (``None``: every window of the corpus)."""
+        return None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {k: (list(x) if isinstance(x, tuple) else x) for k, x in d.items()}
+
+    def fingerprint_dict(self) -> dict:
+        """What identifies the run's results (the device and batch sizes do not)."""
+        d = self.to_dict()
+        for f in fields(self):
+            if not f.metadata.get("fingerprint", True):
+                d.pop(f.name, None)
+        return d
+
+
+@dataclass(frozen=True)
+class AnalysisConfig(RunConfig):
+    """``attngeom analyze``: top-N geometry, sink, taxonomy, bounds and diagnostics."""
+
+    command: ClassVar[str] = "analyze"
+
+    n_windows: int | None = option(32, help="windows to analyse (0 or none: every window)")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), help="set sizes N")
+    query_mode: str = option("final", help="analysed queries: final (the last content "
+                             "token), all, or stride:k")
+    rules: tuple[str, ...] = option(RULES, help="selection rules")
+    distances: tuple[str, ...] = option(("euclidean",), help=f"distances ({', '.join(DISTANCES)})")
+    variants: tuple[str, ...] = option(VARIANTS, help="universes: full, and no_sink (the sink "
+                                       "dropped from the universe)")
+    analyses: tuple[str, ...] = option(ANALYSES, help="analyses to run")
+    repeats: int | None = option(None, help="random-control repeats (default: 16 for final "
+                                 "queries, 2 otherwise)")
+    chunk_size: int | None = option(None, help="query rows per chunk (bounds memory; default "
+                                    "256)", fingerprint=False)
+    bootstrap: int = option(1000, help="window-bootstrap replicates of the intervals and the "
+                            "label stability (0: none)")
+    regime_rule: str = option("single", help="head regime rule: single (plurality of self, "
+                              "sink and the most frequent single other source) or lumped")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        s = object.__setattr__
+        n = None if self.n_windows is None else v.integer("n_windows", self.n_windows, low=0)
+        s(self, "n_windows", None if n == 0 else n)
+        s(self, "n_grid", v.n_grid(self.n_grid))
+        v.parse_query_mode(self.query_mode)
+        s(self, "rules", v.choices("rules", self.rules, RULES))
+        s(self, "distances", v.choices("distances", self.distances, DISTANCES))
+        s(self, "variants", v.choices("variants", self.variants, VARIANTS))
+        s(self, "analyses", v.choices("analyses", self.analyses, ANALYSES))
+        if self.repeats is not None:
+            s(self, "repeats", v.integer("repeats", self.repeats, low=1))
+        if self.chunk_size is not None:
+            s(self, "chunk_size", v.integer("chunk_size", self.chunk_size, low=1))
+        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
+        v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
+        for name in self.analyses:
+            missing = [x for x in ANALYSIS_NEEDS.get(name, ()) if x not in self.analyses]
+            if missing:
+                raise ConfigError(f"analyses: {name!r} needs {', '.join(map(repr, missing))}")
+
+    @property
+    def effective_repeats(self) -> int:
+        if self.repeats is not None:
+            return self.repeats
+        return 16 if self.query_mode == "final" else 2
+
+    @property
+    def windows_needed(self) -> int | None:
+        return self.n_windows
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["effective_repeats"] = self.effective_repeats
+        return d
+
+
+@dataclass(frozen=True)
+class _InterventionConfig(RunConfig):
+    """What the perplexity-based commands share: evaluation windows and their batch."""
+
+    window_length: int = option(128, help="tokens per window (T), special tokens included")
+    batch_size: int = option(8, help="windows per forward pass", fingerprint=False)
+    n_eval_windows: int = option(8, help="held-out windows the NLL is measured on")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "n_eval_windows",
+                           v.integer("n_eval_windows", self.n_eval_windows, low=1))
+
+    @property
+    def windows_needed(self) -> int:
+        return self.n_rank_windows_needed + self.n_eval_windows
+
+    @property
+    def n_rank_windows_needed(self) -> int:
+        return 0
+
+
+def _orders(value) -> tuple[str, ...] | None:
+    """Regime orders of the taxonomy ranker: None (the default order), "all", or orders
+    written ``Mixer>Reset>Retriever``."""
+    if value is None:
+        return None
+    items = list(v.as_tuple(value, "orders"))
+    if items == ["all"]:
+        return tuple(">".join(p) for p in itertools.permutations(RANKER_REGIMES))
+    if len(items) == 3 and all(isinstance(x, str) and ">" not in x for x in items):
+        items = [">".join(items)]  # one order written as three names
+    out = []
+    for item in items:
+        names = tuple(item.split(">")) if isinstance(item, str) else tuple(item)
+        if sorted(names) != sorted(RANKER_REGIMES):
+            raise ConfigError(
+                f"orders: expected 'all' or permutations of {'>'.join(RANKER_REGIMES)}, "
+                f"got {item!r}"
+            )
+        out.append(">".join(names))
+    if not out:
+        raise ConfigError("orders: expected 'all' or at least one regime order")
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class PruneConfig(_InterventionConfig):
+    """``attngeom prune``: keep-fraction pruning sweep per head ranker (SPEC 6)."""
+
+    command: ClassVar[str] = "prune"
+
+    rankers: tuple[str, ...] = option(RANKERS, help="head rankers")
+    keep_fractions: tuple[float, ...] = option((1.0, 0.9, 0.75, 0.5, 0.25),
+                                               help="fractions of heads kept")
+    seeds: tuple[int, ...] = option((0, 1, 2), help="seeds of the random ranker")
+    orders: tuple[str, ...] | None = option(
+        None, help="regime orders of the taxonomy ranker: all, or orders like "
+        "Reset>Mixer>Retriever (default: Mixer>Reset>Retriever)")
+    n_rank_windows: int = option(8, help="windows the rankers rank on (before the evaluation "
+                                 "windows, disjoint from them)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        s = object.__setattr__
+        s(self, "rankers", v.choices("rankers", self.rankers, RANKERS))
+        s(self, "keep_fractions", v.fractions("keep_fractions", self.keep_fractions))
+        s(self, "seeds", v.integers("seeds", self.seeds))
+        s(self, "orders", _orders(self.orders))
+        s(self, "n_rank_windows", v.integer("n_rank_windows", self.n_rank_windows, low=1))
+
+    @property
+    def n_rank_windows_needed(self) -> int:
+        return self.n_rank_windows
+
+
+@dataclass(frozen=True)
+class ScanConfig(_InterventionConfig):
+    """``attngeom scan-heads``: relative delta-NLL of removing each head alone (SPEC 6)."""
+
+    command: ClassVar[str] = "scan-heads"
+
+    threshold: float = option(0.05, help="relative delta-NLL above which a head is critical")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "threshold",
+                           v.number("threshold", self.threshold, low=0.0, low_open=True))
+
+
+@dataclass(frozen=True)
+class RestrictConfig(_InterventionConfig):
+    """``attngeom restrict``: top-N attention restriction and N*_tau (SPEC 6)."""
+
+    command: ClassVar[str] = "restrict"
+
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), help="kept entries N per query")
+    scopes: tuple[str, ...] = option(("model",), help="what is restricted at once: model, "
+                                     "layer (each layer alone), head (each head alone)")
+    layers: tuple[int, ...] | None = option(None, help="layers of the layer and head scopes "
+                                            "(default: all)")
+    heads: tuple[tuple[int, int], ...] | None = option(
+        None, help="heads of the head scope as LAYER:HEAD,... (default: all heads of LAYERS)",
+        metavar="L:H,...")
+    renormalize: tuple[bool, ...] = option((True, False), help="renormalise the kept "
+                                           "probabilities: true, false or both")
+    taus: tuple[float, ...] = option((0.01, 0.05, 0.10), help="relative delta-NLL thresholds "
+                                     "of N*_tau")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        s = object.__setattr__
+        s(self, "n_grid", v.n_grid(self.n_grid))
+        s(self, "scopes", v.choices("scopes", self.scopes, RESTRICT_SCOPES))
+        if self.layers is not None:
+            s(self, "layers", tuple(sorted(v.integers("layers", self.layers, low=0))))
+        s(self, "heads", v.head_pairs("heads", self.heads))
+        s(self, "renormalize", v.flags("renormalize", self.renormalize))
+        s(self, "taus", v.thresholds("taus", self.taus))
+        if self.heads is not None and self.layers is not None:
+            outside = [h for h in self.heads if h[0] not in self.layers]
+            if outside:
+                raise ConfigError(f"heads: expected every head's layer in layers="
+                                  f"{list(self.layers)}, got {outside[0]}")
+
+
+COMMANDS: dict[str, type[RunConfig]] = {
+    cls.command: cls for cls in (AnalysisConfig, PruneConfig, ScanConfig, RestrictConfig)
+}
+
+
+def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]]:
+    """(name, resolved type, default, metadata) of every CLI option of ``cls``, in order."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        out.append((f.name, hints[f.name], default, dict(f.metadata)))
+    return out

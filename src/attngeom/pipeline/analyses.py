@@ -1,0 +1,161 @@
+"""The registry of analyses: what each one computes, from what, and which tables it writes.
+
+One ``Analysis`` per name of ``names.ANALYSES``: its accumulator factory, the tables it
+writes, the analyses it needs and the step that turns its raw columns into the run's
+tables (joins with other analyses' tables included). ``AnalysisSet`` is the running
+set of one run's accumulators; ``attngeom analyze`` and the taxonomy ranker of
+``attngeom prune`` both stream windows into one. Adding an analysis is one
+``register`` call here plus its accumulator in ``core`` (``docs/extending.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from attngeom.core.batch import AttentionBatch
+from attngeom.core.protocol import Accumulator
+from attngeom.names import ANALYSIS_NEEDS
+from attngeom.pipeline import tables as tb
+
+
+@dataclass(frozen=True)
+class AnalysisContext:
+    """What a factory or a finishing step may need beyond the configuration."""
+
+    tokenizer: object = None
+    special_ids: tuple[int, ...] = ()  # token ids the sink-by-token table always reports
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: ``make(config, context)`` builds its accumulator; ``finish(frames,
+    config, context)`` edits the run's DataFrames in place after every accumulator has
+    computed (``frames`` holds every analysis' tables, internal ones included)."""
+
+    name: str
+    tables: tuple[str, ...]
+    make: Callable[..., Accumulator]
+    needs: tuple[str, ...] = ()
+    finish: Callable[..., None] | None = None
+    internal: tuple[str, ...] = ()  # tables computed for other analyses, never written
+
+
+REGISTRY: dict[str, Analysis] = {}
+
+
+def register(analysis: Analysis) -> Analysis:
+    REGISTRY[analysis.name] = analysis
+    return analysis
+
+
+# --------------------------------------------------------------------------- the five
+
+
+def _make_metrics(config, context):
+    from attngeom.core.accumulators import TopNAccumulator, TopNConfig
+
+    return TopNAccumulator(TopNConfig(
+        n_grid=tuple(config.n_grid), rules=tuple(config.rules),
+        distances=tuple(config.distances), variants=tuple(config.variants),
+        repeats=config.effective_repeats, seed=config.seed,
+        bounds="bounds" in config.analyses,
+    ))
+
+
+def _finish_metrics(frames, config, context) -> None:
+    frames["summary"] = tb.summarize(frames["metrics"], n_boot=config.bootstrap,
+                                     seed=config.seed)
+
+
+def _make_sink(config, context):
+    from attngeom.core.sink import SinkAccumulator
+
+    return SinkAccumulator(tuple(config.n_grid), report_ids=context.special_ids)
+
+
+def _finish_sink(frames, config, context) -> None:
+    frames["sink"] = tb.sink_table(frames["sink"], frames.get("sink_effect"))
+    if context.tokenizer is not None:
+        frames["sink_tokens"] = tb.with_token_text(frames["sink_tokens"], context.tokenizer)
+
+
+def _make_taxonomy(config, context):
+    from attngeom.core.taxonomy import TaxonomyAccumulator
+
+    return TaxonomyAccumulator(
+        counted="final" if config.query_mode == "final" else "half",
+        rule=config.regime_rule, n_boot=config.bootstrap, seed=config.seed,
+    )
+
+
+def _make_bounds(config, context):
+    from attngeom.core.bounds import BoundsAccumulator
+
+    return BoundsAccumulator(tuple(config.n_grid))
+
+
+def _finish_bounds(frames, config, context) -> None:
+    frames["bounds"] = tb.bounds_table(frames["bounds"], frames.get("summary"))
+
+
+def _make_assumptions(config, context):
+    from attngeom.core.assumptions import AssumptionsAccumulator
+
+    return AssumptionsAccumulator()
+
+
+register(Analysis("metrics", ("metrics", "summary"), _make_metrics, finish=_finish_metrics,
+                  internal=("sink_effect",)))
+register(Analysis("sink", ("sink", "sink_tokens"), _make_sink, finish=_finish_sink))
+register(Analysis("taxonomy", ("taxonomy",), _make_taxonomy))
+register(Analysis("bounds", ("bounds",), _make_bounds, needs=ANALYSIS_NEEDS["bounds"],
+                  finish=_finish_bounds))
+register(Analysis("assumptions", ("assumptions",), _make_assumptions))
+
+
+# --------------------------------------------------------------------------- one run's set
+
+
+@dataclass
+class AnalysisSet:
+    """The accumulators of one run, by analysis name, in registry order."""
+
+    config: object
+    context: AnalysisContext = field(default_factory=AnalysisContext)
+    items: dict[str, Accumulator] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, config, context: AnalysisContext | None = None) -> AnalysisSet:
+        context = context or AnalysisContext()
+        names = [n for n in REGISTRY if n in config.analyses]
+        return cls(config, context, {n: REGISTRY[n].make(config, context) for n in names})
+
+    def update_many(self, batches: list[AttentionBatch]) -> None:
+        """The windows of one forward batch at one layer, to every accumulator."""
+        for acc in self.items.values():
+            acc.update_many(batches)
+
+    def merge(self, other: AnalysisSet) -> AnalysisSet:
+        for name, acc in self.items.items():
+            acc.merge(other.items[name])
+        return self
+
+    def frames(self, *, model: str, corpus: str) -> dict:
+        """Every table of the run as a DataFrame (identifying columns first), joined."""
+        frames = {}
+        for acc in self.items.values():
+            for name, cols in acc.compute().items():
+                frames[name] = tb.frame(cols, model=model, corpus=corpus)
+        internal = set()
+        for name in self.items:
+            spec = REGISTRY[name]
+            internal |= set(spec.internal)
+            if spec.finish is not None:
+                spec.finish(frames, self.config, self.context)
+        return {k: df for k, df in frames.items() if k not in internal}
+
+    @property
+    def nonfinite_rows(self) -> int:
+        acc = self.items.get("metrics")
+        return int(acc.nonfinite_rows) if acc is not None else 0
