@@ -11,16 +11,27 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attngeom"
 
-# package -> attngeom subpackages it may import (errors is allowed everywhere)
+# package -> attngeom subpackages it may import (errors is allowed everywhere). The leaf
+# modules names (shared names) and validate (value checks) import nothing of attngeom and
+# may be imported by any layer; config (the command configurations) and assets (the
+# default files) sit just above them, below pipeline.
+LEAVES = {"names", "validate"}
 ALLOWED = {
-    "core": {"core"},
-    "capture": {"core", "capture"},
-    "interventions": {"core", "capture", "interventions"},
-    "pipeline": {"core", "capture", "interventions", "results", "pipeline"},
-    "results": {"results"},
-    "figures": {"results", "figures"},
-    "report": {"results", "figures", "report"},
-    "cli": {"api", "pipeline"},
+    "names": set(),
+    "validate": set(),
+    "assets": set(),
+    "config": {"config", "names", "validate", "assets"},
+    "core": {"core"} | LEAVES,
+    "capture": {"core", "capture"} | LEAVES,
+    "interventions": {"core", "capture", "interventions"} | LEAVES,
+    "pipeline": {"core", "capture", "interventions", "results", "pipeline", "config",
+                 "assets"} | LEAVES,
+    "results": {"results"} | LEAVES,
+    "figures": {"results", "figures"} | LEAVES,
+    "report": {"results", "figures", "report"} | LEAVES,
+    "studies": {"pipeline", "report", "figures", "results", "config", "assets", "studies"}
+    | LEAVES,
+    "cli": {"api", "config"} | LEAVES,
 }
 THIRD_PARTY_FORBIDDEN = {
     "core": {"transformers", "pandas", "matplotlib", "pyarrow"},
@@ -28,6 +39,10 @@ THIRD_PARTY_FORBIDDEN = {
     "figures": {"torch", "transformers"},
     "report": {"torch", "transformers"},
     "interventions": {"transformers"},
+    "names": {"torch", "numpy", "pandas"},
+    "validate": {"torch", "numpy", "pandas"},
+    "config": {"torch", "numpy", "pandas"},
+    "assets": {"torch", "numpy", "pandas"},
     "pipeline": {"transformers"},
 }
 

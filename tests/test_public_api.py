@@ -9,8 +9,9 @@ import attngeom.geometry
 import attngeom.interventions
 
 PUBLIC = {
-    "AnalysisConfig", "AnalysisResult", "analyze", "check", "compare", "demo", "prune",
-    "report", "restrict", "scan_heads",
+    "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
+    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "restrict",
+    "scan_heads",
 }
 
 

@@ -132,6 +132,6 @@ def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float3
 
 def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress=True) -> dict:
     """The default study on the shared models and corpora (``make demo``)."""
-    from attngeom.pipeline.demo import demo as run_demo
+    from attngeom.studies.demo import demo as run_demo
 
     return run_demo(out, quick=quick, progress=progress)

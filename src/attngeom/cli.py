@@ -182,11 +182,9 @@ def _print_table(df, columns) -> None:
 
 
 def _print_headline(res) -> None:
-    from attngeom.pipeline.tables import headline
-
-    if "summary" not in res.tables:
-        return
-    print(format_headline(headline(res["summary"])))
+    table = res.headline()
+    if table is not None:
+        print(format_headline(table))
 
 
 def format_headline(df) -> str:

@@ -19,6 +19,7 @@ got 'last'
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -96,10 +97,9 @@ class RunConfig:
         for name, default in (("model", DEFAULT_MODEL), ("corpus", DEFAULT_CORPUS)):
             value = getattr(self, name)
             if value is None:
-                try:  # resolved now where the assets are at hand; else when the run starts
+                # resolved now where the assets are at hand; else when the run starts
+                with contextlib.suppress(ConfigError):
                     s(self, name, asset(default, f"--{name}"))
-                except ConfigError:
-                    pass
             else:
                 s(self, name, str(value))
         s(self, "window_length", v.integer("window_length", self.window_length, low=2))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attngeom.core.accumulators import TopNAccumulator, TopNConfig, merge_all
+from attngeom.config import AnalysisConfig
+from attngeom.core.accumulators import TopNAccumulator, TopNConfig
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import METRICS, causal_visibility, topn_metrics
 from attngeom.errors import ConfigError
@@ -99,11 +100,11 @@ def test_merge_equals_one_run_and_half_differs() -> None:
         for b in _batches(w, w):
             one.update(b)
             (shard_a if w % 2 else shard_b).update(b)
-    merged = merge_all([shard_a, shard_b])
-    _assert_tables_equal(_table(one), _table(merged))
-    merged_rev = merge_all([shard_b, shard_a])
-    _assert_tables_equal(_table(one), _table(merged_rev))
     half = _table(shard_a)
+    merged = TopNAccumulator(_cfg()).merge(shard_a).merge(shard_b)
+    _assert_tables_equal(_table(one), _table(merged))
+    merged_rev = TopNAccumulator(_cfg()).merge(shard_b).merge(shard_a)
+    _assert_tables_equal(_table(one), _table(merged_rev))
     assert len(half["window"]) < len(_table(one)["window"])
 
 
@@ -133,8 +134,9 @@ def test_merge_rejects_other_config() -> None:
     ],
 )
 def test_config_errors(kw, match) -> None:
+    """Values are checked once, by the configuration the accumulator is built from."""
     with pytest.raises(ConfigError, match=match):
-        _cfg(**kw)
+        AnalysisConfig(model="m", corpus="c", **kw)
 
 
 def test_sink_effect_split() -> None:

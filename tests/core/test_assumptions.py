@@ -50,7 +50,7 @@ def test_decay_fit_recovers_lambda() -> None:
     acc = AssumptionsAccumulator(recent=3)
     alpha = torch.full((1, 1, 12), 1 / 12)
     acc.update(batch_of(v, alpha, torch.tensor([11])))
-    out = acc.compute()
+    out = acc.compute()["assumptions"]
     assert out["cos_decay_lambda"][0] == pytest.approx(2.5, rel=1e-5)
     assert out["cos_decay_mae"][0] < 1e-6
     assert out["negative_cos_share"][0] == 0.0
@@ -83,7 +83,7 @@ def test_negative_cosine_share() -> None:
     v = torch.tensor([[[1.0, 1.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]])
     acc = AssumptionsAccumulator()
     acc.update(batch_of(v, torch.full((1, 1, 5), 0.2), torch.tensor([4])))
-    out = acc.compute()
+    out = acc.compute()["assumptions"]
     assert out["negative_cos_share"][0] == pytest.approx(1 / 3)
 
 
@@ -110,7 +110,7 @@ def test_masses_sum_to_one_and_pool_over_queries() -> None:
     alpha = torch.softmax(torch.randn(2, t, t, generator=gen).masked_fill(~vis, -math.inf), -1)
     acc = AssumptionsAccumulator(recent=4)
     acc.update(batch_of(torch.randn(1, t, 3, generator=gen), alpha, qpos))
-    out = acc.compute()
+    out = acc.compute()["assumptions"]
     total = out["mass_sink"] + out["mass_middle"] + out["mass_recent"]
     np.testing.assert_allclose(total, 1.0, rtol=1e-6)
     # t = 0 sees one key and is left out of the profile
@@ -136,9 +136,9 @@ def test_merge_and_chunks_equal_one_run() -> None:
         stats = ValueStats(v)
         for part in torch.tensor_split(torch.arange(q.numel()), 3):
             shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, stats=stats))
-    half = shards[0].compute()
-    merged = shards[0].merge(shards[1]).compute()
-    ref = whole.compute()
+    half = shards[0].compute()["assumptions"]
+    merged = shards[0].merge(shards[1]).compute()["assumptions"]
+    ref = whole.compute()["assumptions"]
     for k in ref:
         # the fitted lambda is a minimiser of a flat loss: sums that differ in the last bit
         # (another summation order) move it by ~sqrt(eps)
@@ -156,6 +156,6 @@ def test_bad_arguments_and_empty() -> None:
         AssumptionsAccumulator(recent=0)
     with pytest.raises(ConfigError, match="sink_width"):
         AssumptionsAccumulator(sink_width=0)
-    out = AssumptionsAccumulator().compute()
+    out = AssumptionsAccumulator().compute()["assumptions"]
     assert all(len(x) == 0 for x in out.values())
 

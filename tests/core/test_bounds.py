@@ -24,7 +24,6 @@ from attngeom.core.bounds import (
     certified_bounds,
     constant_norm_envelope,
     inversion_bounds,
-    random_direction_mu,
     window_constants,
 )
 from attngeom.core.geometry import topn_metrics
@@ -154,9 +153,6 @@ def test_certified_bounds_rejects_bad_inputs() -> None:
     with pytest.raises(ConfigError, match="universe's keys first"):
         certified_bounds(alpha, st_, torch.tensor([0]), torch.tensor([[[0, 2, 1, 3]]]), uni,
                          [1], *c)
-    with pytest.raises(ConfigError, match="n_grid"):
-        certified_bounds(alpha, st_, torch.tensor([0]), torch.tensor([[[0, 1, 3, 2]]]), uni,
-                         [0], *c)
     with pytest.raises(ConfigError, match="mu"):
         certified_bounds(alpha, st_, torch.tensor([0]), torch.tensor([[[0, 1, 3, 2]]]), uni,
                          [1], torch.zeros(2), c.c_lo, c.c_hi)
@@ -353,19 +349,6 @@ def test_envelope_nan_parameters_and_errors() -> None:
         constant_norm_envelope(torch.tensor([-0.1, 1.1]), [1], 2.0, 0.1, -0.2)
 
 
-def test_random_direction_mu() -> None:
-    assert random_direction_mu(1024, 64, 0.05) == pytest.approx(
-        math.sqrt(2 * math.log(1024**2 / 0.05) / 64))
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 256, generator=gen, dtype=torch.float64)
-    x = x / x.norm(dim=-1, keepdim=True)
-    c = (x @ x.T).fill_diagonal_(0).abs().max().item()
-    assert c <= random_direction_mu(64, 256, 0.1)
-    for bad in ((0, 4, 0.1), (4, 0, 0.1), (4, 4, 0.0), (4, 4, 1.0)):
-        with pytest.raises(ConfigError):
-            random_direction_mu(*bad)
-
-
 # ---------------------------------------------------------------- accumulator
 
 
@@ -383,7 +366,7 @@ def test_bounds_accumulator_fit_by_hand() -> None:
     alpha = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]])
     acc = BoundsAccumulator([1, 2], quantile=0.5, bins=100)
     acc.update(batch_of(v, alpha, torch.tensor([3])))
-    out = acc.compute()
+    out = acc.compute()["bounds"]
     assert list(out) == list(BOUNDS_COLUMNS)
     assert out["kappa"].tolist() == pytest.approx([4.0, 4.0])
     assert out["mu"].tolist() == pytest.approx([0.71, 0.71])
@@ -397,7 +380,7 @@ def test_bounds_accumulator_fit_by_hand() -> None:
     # it; the sink cosines, all >= 0 beside a positive fit, violate nothing
     acc = BoundsAccumulator([1], quantile=0.3, bins=100)
     acc.update(batch_of(v, alpha, torch.tensor([3])))
-    out = acc.compute()
+    out = acc.compute()["bounds"]
     assert out["mu"][0] == pytest.approx(0.01) and out["mu_quantile"][0] == 0.3
     assert out["pair_violation_rate"][0] == pytest.approx(2 / 3)
     assert out["pair_violation_max"][0] == pytest.approx(1 / math.sqrt(2) - 0.01)
@@ -409,7 +392,7 @@ def test_bounds_accumulator_sink_sign_violation() -> None:
     v = torch.tensor([[[1.0, 0.0], [-1.0, 0.0], [-2.0, 0.0], [0.6, 0.8]]])
     acc = BoundsAccumulator([1], quantile=1.0, bins=1000)
     acc.update(batch_of(v, torch.full((1, 1, 4), 0.25), torch.tensor([3])))
-    out = acc.compute()
+    out = acc.compute()["bounds"]
     assert out["sink_cos"][0] == pytest.approx((-1 - 1 + 0.6) / 3)
     # quantile 1 = largest |cos| (1.0): no non-sink violation; 1 of the 3 sink cosines
     assert out["mu"][0] == pytest.approx(1.0)
@@ -424,7 +407,7 @@ def test_bounds_accumulator_envelope_uses_profile() -> None:
     values, alpha, qpos = random_window(gen, h=2, g=1, t=6, q=1)
     acc = BoundsAccumulator([1, 2, 3])
     acc.update(batch_of(values, alpha, qpos))
-    out = acc.compute()
+    out = acc.compute()["bounds"]
     a = alpha[:, 0].to(torch.float64)
     prof = torch.cat([a[:, :1], torch.sort(a[:, 1:], -1, descending=True).values], -1)
     fit_rows = slice(None, None, 3)
@@ -449,9 +432,9 @@ def test_bounds_accumulator_merge_and_chunks() -> None:
         for part in torch.tensor_split(torch.arange(qpos.numel()), 3):
             shards[w % 2].update(batch_of(values, alpha[:, part], qpos[part], window=w,
                                           stats=stats))
-    half = shards[0].compute()
-    merged = shards[0].merge(shards[1]).compute()
-    _table_equal(merged, whole.compute())
+    half = shards[0].compute()["bounds"]
+    merged = shards[0].merge(shards[1]).compute()["bounds"]
+    _table_equal(merged, whole.compute()["bounds"])
     assert not np.allclose(half["kappa"], merged["kappa"])
     with pytest.raises(ConfigError, match="disjoint"):
         shards[0].merge(shards[1])
@@ -460,7 +443,7 @@ def test_bounds_accumulator_merge_and_chunks() -> None:
 
 
 def test_bounds_accumulator_empty_and_bad_args() -> None:
-    out = BoundsAccumulator([1]).compute()
+    out = BoundsAccumulator([1]).compute()["bounds"]
     assert list(out) == list(BOUNDS_COLUMNS) and all(len(x) == 0 for x in out.values())
     with pytest.raises(ConfigError, match="quantile"):
         BoundsAccumulator([1], quantile=0.0)

@@ -81,7 +81,7 @@ def test_accumulator_means_per_window_then_over_windows() -> None:
     acc = SinkAccumulator([1, 2])
     acc.update(batch_of(v, a0, torch.tensor([4]), window=0))
     acc.update(batch_of(v, a1, torch.tensor([1, 2, 3]), window=1))
-    out = acc.compute()
+    out = acc.compute()["sink"]
     assert list(out) == list(SINK_COLUMNS)
     assert out["n"].tolist() == [1, 2] and out["head"].tolist() == [0, 0]
     assert out["sink_mass"].tolist() == pytest.approx([0.5, 0.5])
@@ -102,7 +102,7 @@ def test_accumulator_gqa_heads_read_their_kv_head() -> None:
     alpha = torch.softmax(torch.randn(4, 1, 6, generator=gen), -1)
     acc = SinkAccumulator([1])
     acc.update(batch_of(v, alpha, qpos))
-    out = acc.compute()
+    out = acc.compute()["sink"]
     ref = sink_value_stats(ValueStats(v))["norm_ratio"]
     assert out["norm_ratio"].tolist() == pytest.approx(ref[[0, 0, 1, 1]].tolist())
     assert out["sink_mass"].tolist() == pytest.approx(alpha[:, 0, 0].tolist())
@@ -138,13 +138,13 @@ def test_merge_and_chunks_equal_one_run() -> None:
         for part in torch.tensor_split(torch.arange(q.numel()), 3):
             shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, layer=1,
                                           stats=stats, tokens=tok))
-    half = shards[0].compute()
+    half = shards[0].compute()["sink"]
     merged = shards[0].merge(shards[1])
-    _equal(merged.compute(), whole.compute())
-    _equal(merged.compute_tokens(), whole.compute_tokens())
-    assert (whole.compute_tokens()["position"] == -1).sum() > 0
-    assert not np.allclose(half["sink_mass"], merged.compute()["sink_mass"])
-    assert set(merged.tables()) == {"sink", "sink_tokens"}
+    _equal(merged.compute()["sink"], whole.compute()["sink"])
+    _equal(merged.compute()["sink_tokens"], whole.compute()["sink_tokens"])
+    assert (whole.compute()["sink_tokens"]["position"] == -1).sum() > 0
+    assert not np.allclose(half["sink_mass"], merged.compute()["sink"]["sink_mass"])
+    assert set(merged.compute()) == {"sink", "sink_tokens"} == set(merged.tables)
     with pytest.raises(ConfigError, match="disjoint"):
         merged.merge(shards[1])
     with pytest.raises(ConfigError, match="n_grid"):
@@ -185,7 +185,7 @@ def test_sink_tokens_equal_the_reference(seed: int, encoder: bool) -> None:
     for w, (v, a, q, tok) in enumerate(wins):
         vis = torch.ones(1, q.numel(), t, dtype=torch.bool) if encoder else None
         acc.update(batch_of(v, a, q, window=w, tokens=tok, visible=vis))
-    out = acc.compute_tokens()
+    out = acc.compute()["sink_tokens"]
     assert list(out) == list(SINK_TOKEN_COLUMNS)
     found = []
     for head in range(4):
@@ -238,7 +238,7 @@ def test_planted_mid_window_sink_is_found_and_previous_token_head_gives_none() -
         alpha[1] = alpha[1] / alpha[1].sum(-1, keepdim=True)
         v = torch.randn(1, t, 2, generator=gen)
         acc.update(batch_of(v, alpha, qpos, window=w, visible=vis, tokens=tokens))
-    out = acc.compute_tokens()
+    out = acc.compute()["sink_tokens"]
     found = [(int(h), int(tok)) for h, tok, p in
              zip(out["head"], out["token_id"], out["position"], strict=True) if p == -1]
     assert found == [(0, sep)]
@@ -257,23 +257,19 @@ def test_sink_tokens_without_tokens_and_mixed_window_starts() -> None:
     alpha = torch.softmax(torch.randn(2, 3, 20), -1)
     acc = SinkAccumulator([1], min_distance=2)
     acc.update(batch_of(v, alpha, q))
-    assert all(len(x) == 0 for x in acc.compute_tokens().values())
+    assert all(len(x) == 0 for x in acc.compute()["sink_tokens"].values())
     acc = SinkAccumulator([1], min_distance=2)
     for w, first in enumerate((3, 4)):
         tok = torch.arange(20)
         tok[0] = first
         acc.update(batch_of(v, alpha, q, window=w, tokens=tok))
-    out = acc.compute_tokens()
+    out = acc.compute()["sink_tokens"]
     assert out["token_id"][out["position"] == 0].tolist() == [-1, -1]
 
 
 def test_empty_and_bad_arguments() -> None:
     acc = SinkAccumulator([1, 2])
-    assert all(len(x) == 0 for x in acc.compute().values())
-    assert all(len(x) == 0 for x in acc.compute_tokens().values())
-    for bad in ([], [0], [1, 1]):
-        with pytest.raises(ConfigError, match="n_grid"):
-            SinkAccumulator(bad)
+    assert all(len(x) == 0 for t in acc.compute().values() for x in t.values())
     with pytest.raises(ConfigError, match="min_share"):
         SinkAccumulator([1], min_share=2.0)
     with pytest.raises(ConfigError, match="min_distance"):

@@ -62,5 +62,5 @@ def test_query_modes() -> None:
 
 @pytest.mark.parametrize("mode", ["last", "stride:0", "stride:x", "stride:"])
 def test_bad_query_mode(mode) -> None:
-    with pytest.raises(ConfigError, match="query mode"):
+    with pytest.raises(ConfigError, match="query_mode"):
         query_positions(mode, 10)

@@ -51,7 +51,7 @@ def test_constructed_regimes() -> None:
     v, alpha, qpos = constructed_heads()
     acc = TaxonomyAccumulator()
     acc.update(batch_of(v, alpha, qpos))
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     assert list(out) == list(TAXONOMY_COLUMNS)
     assert out["regime"].tolist()[:2] == ["Retriever", "Mixer"]
     assert out["f_self"][0] == 1.0 and out["f_sink"][1] == 1.0
@@ -101,7 +101,7 @@ def test_no_valid_query_gives_none_and_nan() -> None:
     v = torch.randn(1, 4, 2)
     acc = TaxonomyAccumulator()
     acc.update(batch_of(v, torch.tensor([[[1.0, 0, 0, 0]]]), torch.tensor([0])))
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     assert out["regime"].tolist() == ["none"] and out["n_queries"].tolist() == [0]
     for name in ("f_self", "f_sink", "f_other", "offset_entropy", "sink_alignment",
                  "self_alignment", "mean_output_norm"):
@@ -137,7 +137,7 @@ def test_signature_matches_explicit_outputs(d: int) -> None:
     torch.testing.assert_close(rows["output_norm"], z.norm(dim=-1))
     acc = TaxonomyAccumulator()
     acc.update(b)
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     np.testing.assert_allclose(out["sink_alignment"],
                                cos(z, v.double()[kv][:, None, 0]).mean(-1).numpy())
     np.testing.assert_allclose(out["mean_output_norm"], z.norm(dim=-1).mean(-1).numpy())
@@ -153,7 +153,7 @@ def test_mixer_sink_aligned_retriever_self_aligned() -> None:
     v, alpha, qpos = constructed_heads()
     acc = TaxonomyAccumulator()
     acc.update(batch_of(v, alpha, qpos))
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     assert out["sink_alignment"][1] > 0.9 and out["self_alignment"][0] > 0.9
     assert out["sink_alignment"][0] < 0.5 and out["self_alignment"][1] < 0.5
     by = alignment_by_regime(out)
@@ -183,9 +183,9 @@ def test_merge_and_chunks_equal_one_run() -> None:
             for part in torch.tensor_split(torch.arange(q.numel()), 4):
                 shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, layer=layer,
                                               stats=stats))
-    half = shards[0].compute()
-    merged = shards[0].merge(shards[1]).compute()
-    ref = whole.compute()
+    half = shards[0].compute()["taxonomy"]
+    merged = shards[0].merge(shards[1]).compute()["taxonomy"]
+    ref = whole.compute()["taxonomy"]
     assert list(merged) == list(ref)
     for k in ref:
         if ref[k].dtype.kind == "f":
@@ -204,7 +204,7 @@ def test_encoder_negative_offsets() -> None:
     alpha = torch.tensor([[[0.1, 0.1, 0.1, 0.7], [0.1, 0.1, 0.1, 0.7]]])
     acc = TaxonomyAccumulator()
     acc.update(batch_of(v, alpha, qpos, visible=vis))
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     assert out["f_other"][0] == 1.0 and out["regime"][0] == "Reset"
     p = np.array([0.5, 0.5])  # offsets -2 and -1
     assert out["offset_entropy"][0] == pytest.approx(-(p * np.log(p)).sum())
@@ -289,7 +289,7 @@ def test_single_source_taxonomy_equals_the_reference(rule, counted, seed) -> Non
         stats = ValueStats(v)
         for part in torch.tensor_split(torch.arange(q.numel()), 3):
             shards[w % 2].update(batch_of(v, a[:, part], q[part], window=10 + w, stats=stats))
-    out = shards[0].merge(shards[1]).compute()
+    out = shards[0].merge(shards[1]).compute()["taxonomy"]
     resamples = bootstrap_indices(len(wins), n_boot, seed).tolist()
     regimes = set()
     for head in range(6):
@@ -316,7 +316,7 @@ def test_previous_token_head_reads_offset_one_and_counted_half() -> None:
     acc = TaxonomyAccumulator(counted="half", n_boot=20)
     for w, (v, a, q) in enumerate(wins):
         acc.update(batch_of(v, a, q, window=w))
-    out = acc.compute()
+    out = acc.compute()["taxonomy"]
     assert out["regime"][2] == "Reset"
     assert (out["top_source_kind"][2], out["top_source"][2]) == ("offset", 1)
     assert out["n_queries"].tolist() == [4 * 8] * 6  # t = 8..15 of each window
@@ -328,7 +328,7 @@ def test_stability_is_nan_without_bootstrap_and_bad_options() -> None:
     v, alpha, qpos = constructed_heads()
     acc = TaxonomyAccumulator(n_boot=0)
     acc.update(batch_of(v, alpha, qpos))
-    assert np.isnan(acc.compute()["stability"]).all()
+    assert np.isnan(acc.compute()["taxonomy"]["stability"]).all()
     with pytest.raises(ConfigError, match="regime_rule"):
         TaxonomyAccumulator(rule="plurality")
     with pytest.raises(ConfigError, match="counted"):

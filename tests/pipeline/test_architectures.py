@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from attngeom.capture import capture_attention, model_layout
+from attngeom.config import AnalysisConfig
 from attngeom.core.geometry import topn_metrics
-from attngeom.pipeline.analysis import make_accumulators, stream_windows
-from attngeom.pipeline.config import AnalysisConfig
+from attngeom.pipeline.analyses import AnalysisSet
+from attngeom.pipeline.stream import stream_windows
 from attngeom.pipeline.windows import Window
 from tests.architectures import ARCHITECTURES, TEST_LENGTH, make_model
 
@@ -29,9 +30,9 @@ def test_stream_matches_eager_probabilities(name: str) -> None:
     cfg = AnalysisConfig(window_length=TEST_LENGTH, query_mode="all", n_grid=GRID,
                          rules=("attention", "random"), repeats=2, batch_size=2,
                          bootstrap=0)
-    acc = make_accumulators(cfg, TEST_LENGTH)
-    stream_windows(model, layout, windows, cfg, acc, progress=False)
-    tables = acc.compute()
+    acc = AnalysisSet.create(cfg)
+    stream_windows(model, layout, windows, cfg, acc)
+    tables = acc.frames(model="m", corpus="c")
     metrics = tables["metrics"]
     assert set(tables) >= {"metrics", "sink", "taxonomy", "bounds", "assumptions"}
 
@@ -66,6 +67,6 @@ def test_stream_matches_eager_probabilities(name: str) -> None:
                     expect = np.nanmean(ref.f_score.numpy(), axis=(0, 2))
                 sel = ((metrics["window"] == win.index) & (metrics["layer"] == layer)
                        & (metrics["rule"] == rule) & (metrics["variant"] == "full"))
-                got = metrics["f_score"][sel].reshape(layout.num_heads, len(GRID))
+                got = metrics["f_score"][sel].to_numpy().reshape(layout.num_heads, len(GRID))
                 np.testing.assert_allclose(got, expect, atol=1e-6, equal_nan=True,
                                            err_msg=f"{name} layer {layer} {rule}")

@@ -8,16 +8,16 @@ import torch
 
 from attngeom import api
 from attngeom.cli import main
+from attngeom.config import AnalysisConfig
 from attngeom.core.accumulators import TopNAccumulator, TopNConfig
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import causal_visibility
 from attngeom.errors import ConfigError, RunDirError
-from attngeom.pipeline.config import AnalysisConfig, shared_assets
-from attngeom.pipeline.run import run_analysis
+from attngeom.pipeline.analyze import run_analysis
 from attngeom.results.io import read_table, write_manifest
-from tests.architectures import STORIES_PATH, minilm_path
+from tests.architectures import STORIES_PATH, WIKITEXT_PATH, minilm_path
 
-WIKI = str(shared_assets() / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt")
+WIKI = str(WIKITEXT_PATH)
 TINY = dict(window_length=32, n_eval_windows=2)
 
 
@@ -97,8 +97,8 @@ def test_prune_and_restrict_write_their_tables(tmp_path) -> None:
     "argv, match",
     [
         (["prune", "--rankers", "taxonomy,oracle"], "rankers"),
-        (["prune", "--keep-fractions", "1.0,1.5"], "keep fractions"),
-        (["prune", "--keep-fractions", "0"], "keep fractions"),
+        (["prune", "--keep-fractions", "1.0,1.5"], "keep_fractions"),
+        (["prune", "--keep-fractions", "0"], "keep_fractions"),
         (["restrict", "--n-grid", "0,2"], "n_grid"),
         (["scan-heads", "--threshold", "-1"], "threshold"),
         (["restrict", "--layers", "9", "--scopes", "layer", "--window-length", "16",

@@ -12,16 +12,17 @@ import pytest
 import torch
 
 from attngeom import api
+from attngeom.assets import asset
 from attngeom.cli import main
+from attngeom.config import AnalysisConfig
 from attngeom.errors import ConfigError, CorpusError, ModelError, RunDirError
-from attngeom.pipeline.config import AnalysisConfig, default_corpus, shared_assets
-from attngeom.pipeline.run import run_analysis
+from attngeom.pipeline.analyze import run_analysis
 from attngeom.results.io import read_manifest, read_table
-from tests.architectures import STORIES_PATH, TINYSTORIES_PATH, minilm_path
+from tests.architectures import STORIES_PATH, TINYSTORIES_PATH, WIKITEXT_PATH, minilm_path
 
 SMALL = dict(window_length=48, n_windows=3, query_mode="stride:8", bootstrap=50,
              n_grid=(1, 2, 4, 8, 48))
-WIKI = str(shared_assets() / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt")
+WIKI = str(WIKITEXT_PATH)
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +185,8 @@ def test_encoder_queries_are_content_positions(tmp_path) -> None:
     """SPEC 2: no analysed query of an encoder is [CLS] or [SEP], including the [SEP]s
     that join documents inside a window; final is the last content token."""
     from attngeom.capture import load_tokenizer
-    from attngeom.pipeline.analysis import window_rows
-    from attngeom.pipeline.run import load_windows
+    from attngeom.pipeline.runner import load_windows
+    from attngeom.pipeline.stream import window_rows
 
     tok = load_tokenizer(minilm_path())
     for mode in ("final", "all", "stride:3"):
@@ -207,7 +208,7 @@ def test_encoder_queries_are_content_positions(tmp_path) -> None:
         (dict(model="/nonexistent/model-dir"), ModelError, "nonexistent"),
         (dict(window_length=600), ConfigError, "512 positions"),
         (dict(n_grid=(0, 2)), ConfigError, "n_grid"),
-        (dict(query_mode="last"), ConfigError, "query mode"),
+        (dict(query_mode="last"), ConfigError, "query_mode"),
         (dict(rules=("attention", "best")), ConfigError, "rules"),
         (dict(regime_rule="plurality"), ConfigError, "regime_rule: expected one of"),
         (dict(doc_boundary="eos", boundary_token="<|sep|>"), ConfigError,
@@ -252,6 +253,6 @@ def test_cli_reports_errors_in_one_line(capsys, tmp_path) -> None:
 
 
 def test_default_paths_exist() -> None:
-    assert Path(default_corpus()).is_file()
+    assert Path(asset("tinystories")).is_file()
     assert Path(WIKI).is_file()
     assert json.loads((STORIES_PATH / "config.json").read_text())["num_key_value_heads"] == 4

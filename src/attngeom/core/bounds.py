@@ -52,6 +52,7 @@ from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
 from attngeom.names import SINK
+
 _SLACK = 1e-10
 _CHUNK_BYTES = 256 * 2**20
 

@@ -324,6 +324,7 @@ class Ranker:
     seeded: bool = False
     ordered: bool = False
     needs_taxonomy: bool = False
+    needs_loss: bool = False  # reads next-token NLL: a causal LM only
 
     @property
     def needs_windows(self) -> bool:
@@ -361,8 +362,9 @@ register(Ranker("magnitude", lambda model, **_: magnitude_ranking(model)))
 register(Ranker("entropy", _entropy_rank, batch_stats=entropy_stats))
 register(Ranker("random", lambda model, seed=0, **_: random_ranking(model, seed=seed),
                 seeded=True))
-register(Ranker("gradient", _gradient_rank, batch_stats=gradient_stats))
-register(Ranker("sensitivity", _sensitivity_rank, batch_stats=sensitivity_stats))
+register(Ranker("gradient", _gradient_rank, batch_stats=gradient_stats, needs_loss=True))
+register(Ranker("sensitivity", _sensitivity_rank, batch_stats=sensitivity_stats,
+                needs_loss=True))
 
 
 def ranker(name: str) -> Ranker:
@@ -376,7 +378,8 @@ def ranking_stats(name: str, model: nn.Module, rank_ids: Tensor, *,
                   batch_size: int = 8) -> dict[str, Tensor]:
     """The summed statistics of a data ranker over ``rank_ids`` (N, T), batch by batch."""
     spec = ranker(name)
-    rank_ids = check_windows(model, rank_ids, what="rank_ids")
+    if spec.needs_loss:
+        rank_ids = check_windows(model, rank_ids, what="rank_ids")
     total = None
     was_training = model.training
     model.eval()  # dropout would perturb what is being ranked

@@ -56,3 +56,10 @@ class Analyze(Command):
             if "metrics" in frames else 0,
         })
         return frames
+
+
+def run_analysis(config, out=None, **kwargs):
+    """``execute(Analyze(), config, out, ...)``: an analysis run from a configuration."""
+    from attngeom.pipeline.runner import execute
+
+    return execute(Analyze(), config, out, **kwargs)

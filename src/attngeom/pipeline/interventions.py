@@ -37,13 +37,12 @@ def measure(ctx: RunContext, ids: torch.Tensor, settings, desc: str):
     base_total, totals = 0.0, np.zeros(len(settings))
     passes = len(batches) * (len(settings) + 1)
     with Progress(passes, desc=f"{desc} ({ids.shape[0]} windows x {len(settings) + 1} "
-                  "settings)", unit="pass", enabled=ctx.progress) as bar:
-        with torch.no_grad():
-            for batch in batches:
-                base, sums = sweeps.nll_sums(model, batch, settings)
-                base_total += base
-                totals = totals + sums
-                bar.advance(len(settings) + 1)
+                  "settings)", unit="pass", enabled=ctx.progress) as bar, torch.no_grad():
+        for batch in batches:
+            base, sums = sweeps.nll_sums(model, batch, settings)
+            base_total += base
+            totals = totals + sums
+            bar.advance(len(settings) + 1)
     return NLLResult.from_sum(base_total, n_tokens), totals / n_tokens
 
 

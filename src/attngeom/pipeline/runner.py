@@ -43,6 +43,12 @@ class RunResult:
         shapes = ", ".join(f"{k}: {len(v)} rows" for k, v in self.tables.items())
         return f"{type(self).__name__}(out_dir={self.out_dir}, {shapes})"
 
+    def headline(self):
+        """F_N by rule and N over all heads (``None`` without a summary table)."""
+        from attngeom.pipeline.tables import headline
+
+        return headline(self.tables["summary"]) if "summary" in self.tables else None
+
 
 @dataclass
 class RunContext:

@@ -58,7 +58,6 @@ def stream_windows(
     """
     from attngeom.capture import capture_attention
 
-    num_tokens = int(windows[0].input_ids.shape[-1])
     device = next(model.parameters()).device
     stats = StreamStats()
     current: list = []

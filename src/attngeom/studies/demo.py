@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from attngeom.assets import asset
-from attngeom.config import AnalysisConfig
-from attngeom.pipeline.analyze import Analyze
+from attngeom.config import AnalysisConfig, PruneConfig, RestrictConfig, ScanConfig
+from attngeom.pipeline.analyze import run_analysis
+from attngeom.pipeline.compare import compare_runs
+from attngeom.pipeline.interventions import Prune, Restrict, ScanHeads
 from attngeom.pipeline.runner import execute
-
-
-def run_analysis(config, out, **kwargs):
-    return execute(Analyze(), config, out, **kwargs)
+from attngeom.pipeline.tables import headline
+from attngeom.report import build_report
 
 
 def default_corpus() -> str:
@@ -31,9 +31,6 @@ def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool =
     head scan, a short pruning sweep and a top-N restriction sweep, and one HTML report
     per run; returns the paths and the headline F_N table.
     """
-    from attngeom.api import compare, prune, report, restrict, scan_heads
-    from attngeom.pipeline.tables import headline
-
     out = Path(out)
     corpora = {
         "tinystories": default_corpus(),
@@ -54,17 +51,17 @@ def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool =
     )
     results["smollm2-wikitext"] = run_analysis(cfg, out / "smollm2-wikitext", overwrite=True,
                                                progress=progress)
-    comparison = compare(out / "tinystories", out / "wikitext")
-    scan = scan_heads(out=out / "scan", n_eval_windows=4 if quick else 8, overwrite=True,
-                      progress=progress)
-    pruned = prune(
-        out=out / "prune", rankers=("taxonomy", "magnitude", "random"),
-        seeds=(0, 1) if quick else (0, 1, 2), n_rank_windows=4 if quick else 8,
-        n_eval_windows=4 if quick else 8, overwrite=True, progress=progress,
-    )
-    restricted = restrict(out=out / "restrict", n_eval_windows=2 if quick else 4,
-                          overwrite=True, progress=progress)
-    reports = {name: report(out / name)
+    comparison = compare_runs(out / "tinystories", out / "wikitext")
+    run = {"overwrite": True, "progress": progress}
+    scan = execute(ScanHeads(), ScanConfig(n_eval_windows=4 if quick else 8), out / "scan",
+                   **run)
+    pruned = execute(Prune(), PruneConfig(
+        rankers=("taxonomy", "magnitude", "random"), seeds=(0, 1) if quick else (0, 1, 2),
+        n_rank_windows=4 if quick else 8, n_eval_windows=4 if quick else 8), out / "prune",
+        **run)
+    restricted = execute(Restrict(), RestrictConfig(n_eval_windows=2 if quick else 4),
+                         out / "restrict", **run)
+    reports = {name: build_report(out / name)
                for name in (*results, "scan", "prune", "restrict")}
     return {
         "runs": {name: r.out_dir for name, r in results.items()},
