@@ -16,6 +16,8 @@ import types
 import typing
 from collections.abc import Sequence
 
+from attngeom.names import NO_REGIME, REGIMES
+
 COMMAND_HELP = {
     "analyze": "top-N geometry, sink, taxonomy, bounds and diagnostics of a model",
     "prune": "keep-fraction pruning sweep per head ranker",
@@ -232,8 +234,7 @@ def format_sink_and_regimes(res) -> str:
     if "taxonomy" in res.tables:
         tax = res["taxonomy"]
         counts = tax.groupby("layer")["regime"].value_counts().unstack(fill_value=0)
-        counts = counts[[r for r in ("Retriever", "Mixer", "Reset", "none")
-                         if r in counts.columns]]
+        counts = counts[[r for r in (*REGIMES, NO_REGIME) if r in counts.columns]]
         counts["stability"] = tax.groupby("layer")["stability"].median()
         parts.append(counts)
     if not parts:

@@ -12,6 +12,7 @@ RULES = ("attention", "contribution", "random")
 DISTANCES = ("euclidean", "cosine")
 VARIANTS = ("full", "no_sink")
 METRICS = ("precision", "recall", "f_score", "margin", "inversions")
+SEPARABILITY = METRICS[:3]  # precision, recall, F: what the figures and findings show
 SINK = 0  # the sink is position 0
 
 # --- head taxonomy (method: "Head taxonomy")
@@ -32,4 +33,3 @@ RESTRICT_SCOPES = ("model", "layer", "head")
 # --- windows and models
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 DOC_BOUNDARIES = ("auto", "bos", "eos", "sep", "none")
-QUERY_MODES = ("final", "all", "stride:k")

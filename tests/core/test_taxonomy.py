@@ -12,10 +12,8 @@ from attngeom.core.batch import ValueStats
 from attngeom.core.taxonomy import (
     TAXONOMY_COLUMNS,
     TaxonomyAccumulator,
-    alignment_by_regime,
     classify_regime,
     output_inner_products,
-    regime_shares_by_layer,
     source_winners,
     taxonomy_rows,
 )
@@ -156,10 +154,6 @@ def test_mixer_sink_aligned_retriever_self_aligned() -> None:
     out = acc.compute()["taxonomy"]
     assert out["sink_alignment"][1] > 0.9 and out["self_alignment"][0] > 0.9
     assert out["sink_alignment"][0] < 0.5 and out["self_alignment"][1] < 0.5
-    by = alignment_by_regime(out)
-    assert by["regime"].tolist() == ["Retriever", "Mixer", "Reset"]
-    assert by["n_heads"].tolist() == [2, 1, 1]
-    assert by["sink_alignment"][1] == pytest.approx(out["sink_alignment"][1])
 
 
 def test_merge_and_chunks_equal_one_run() -> None:
@@ -208,20 +202,6 @@ def test_encoder_negative_offsets() -> None:
     assert out["f_other"][0] == 1.0 and out["regime"][0] == "Reset"
     p = np.array([0.5, 0.5])  # offsets -2 and -1
     assert out["offset_entropy"][0] == pytest.approx(-(p * np.log(p)).sum())
-
-
-def test_regime_shares_by_layer() -> None:
-    table = {"layer": [0, 0, 0, 1, 1], "regime": ["Mixer", "Reset", "Mixer", "none", "Retriever"]}
-    out = regime_shares_by_layer(table)
-    rows = list(zip(out["layer"].tolist(), out["regime"].tolist(), out["share"].tolist(),
-                    strict=True))
-    assert rows == [
-        (0, "Retriever", 0.0), (0, "Mixer", pytest.approx(2 / 3)),
-        (0, "Reset", pytest.approx(1 / 3)),
-        (1, "Retriever", 0.5), (1, "Mixer", 0.0), (1, "Reset", 0.0), (1, "none", 0.5),
-    ]
-    with pytest.raises(ConfigError, match="regime"):
-        regime_shares_by_layer({"layer": [0], "regime": ["Copier"]})
 
 
 def test_bad_kv_mapping_and_head_count() -> None:

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attngeom.errors import ConfigError
-
-REGIMES = ("Retriever", "Mixer", "Reset")
-NO_REGIME = "none"
+from attngeom.names import NO_REGIME, REGIMES
 
 
 @dataclass(frozen=True)

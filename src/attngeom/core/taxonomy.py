@@ -33,8 +33,6 @@ disjoint windows merge exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -440,65 +438,3 @@ class TaxonomyAccumulator(Accumulator):
                 out[c] = np.zeros(0, dtype=np.int64 if c in _INT_COLUMNS else
                                   object if c in _TEXT_COLUMNS else np.float64)
         return {"taxonomy": out}
-
-
-def regime_shares_by_layer(table: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
-    """Share of each layer's heads in each regime, from taxonomy columns (SPEC 4).
-
-    ``table`` needs ``layer`` and ``regime``. Every layer gets a row for each of
-    Retriever, Mixer, Reset (share 0 if absent) and a ``none`` row only when some head
-    has no valid query; shares are over all heads of the layer.
-
-    >>> out = regime_shares_by_layer({"layer": [0, 0, 0, 0], "regime": ["Mixer", "Mixer",
-    ...                               "Reset", "Retriever"]})
-    >>> out["regime"].tolist(), out["share"].tolist()
-    (['Retriever', 'Mixer', 'Reset'], [0.25, 0.5, 0.25])
-    """
-    layers = np.asarray(table["layer"], dtype=np.int64)
-    regimes = np.asarray(table["regime"], dtype=object)
-    if layers.shape != regimes.shape:
-        raise ConfigError(f"expected equal-length layer and regime columns, got "
-                          f"{layers.shape[0]} and {regimes.shape[0]}")
-    known = set(REGIMES) | {NO_REGIME}
-    unknown = sorted(set(regimes.tolist()) - known)
-    if unknown:
-        raise ConfigError(f"regime: expected one of {sorted(known)}, got {unknown[0]!r}")
-    out_layer, out_regime, out_share = [], [], []
-    for layer in np.unique(layers):
-        sel = regimes[layers == layer]
-        names = list(REGIMES) + ([NO_REGIME] if (sel == NO_REGIME).any() else [])
-        for name in names:
-            out_layer.append(int(layer))
-            out_regime.append(name)
-            out_share.append(float((sel == name).mean()))
-    return {
-        "layer": np.asarray(out_layer, dtype=np.int64),
-        "regime": np.asarray(out_regime, dtype=object),
-        "share": np.asarray(out_share, dtype=np.float64),
-    }
-
-
-def alignment_by_regime(table: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
-    """Mean sink and self alignment of the heads of each regime (SPEC 4, "report both").
-
-    >>> out = alignment_by_regime({"regime": ["Mixer", "Mixer", "Retriever"],
-    ...     "sink_alignment": [0.8, 0.6, 0.1], "self_alignment": [0.0, 0.2, 0.9]})
-    >>> out["regime"].tolist(), out["sink_alignment"].round(3).tolist(), out["n_heads"].tolist()
-    (['Retriever', 'Mixer', 'Reset'], [0.1, 0.7, nan], [1, 2, 0])
-    """
-    regimes = np.asarray(table["regime"], dtype=object)
-    sa = np.asarray(table["sink_alignment"], dtype=np.float64)
-    se = np.asarray(table["self_alignment"], dtype=np.float64)
-    rows = {"regime": [], "n_heads": [], "sink_alignment": [], "self_alignment": []}
-    for name in REGIMES:
-        sel = regimes == name
-        rows["regime"].append(name)
-        rows["n_heads"].append(int(sel.sum()))
-        rows["sink_alignment"].append(float(sa[sel].mean()) if sel.any() else np.nan)
-        rows["self_alignment"].append(float(se[sel].mean()) if sel.any() else np.nan)
-    return {
-        "regime": np.asarray(rows["regime"], dtype=object),
-        "n_heads": np.asarray(rows["n_heads"], dtype=np.int64),
-        "sink_alignment": np.asarray(rows["sink_alignment"]),
-        "self_alignment": np.asarray(rows["self_alignment"]),
-    }

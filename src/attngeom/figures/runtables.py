@@ -32,10 +32,6 @@ class RunTables:
     files: dict[str, str] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)
 
-    def has(self, *names: str) -> bool:
-        """True when every named table is present and non-empty."""
-        return all(n in self.tables and len(self.tables[n]) > 0 for n in names)
-
     def get(self, name: str):
         """The table, or None when the run does not hold it (or it is empty)."""
         df = self.tables.get(name)

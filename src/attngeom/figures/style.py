@@ -66,7 +66,6 @@ RULE_LINESTYLES = {"attention": "-", "contribution": "-.", "random": "--"}
 RULE_LABELS = {"attention": "attention top-N", "contribution": "contribution top-N",
                "random": "random N"}
 
-REGIMES = ("Retriever", "Mixer", "Reset")
 REGIME_COLORS = {"Retriever": "#0072B2", "Mixer": "#E69F00", "Reset": "#009E73",
                  "none": "#D9D9D9"}
 

@@ -14,9 +14,9 @@ from matplotlib.ticker import MaxNLocator
 from attngeom.figures import style
 from attngeom.figures._common import draw_layer_head_map, pick
 from attngeom.figures.style import Drawn, styled
+from attngeom.names import NO_REGIME, REGIMES, STABLE
 
-REGIME_CODES = {"Retriever": 0, "Mixer": 1, "Reset": 2, "none": 3}
-STABLE = 0.8  # labels kept in fewer window-bootstrap resamples are drawn as uncertain
+REGIME_CODES = {name: i for i, name in enumerate((*REGIMES, NO_REGIME))}
 
 
 def _regimes_present(rows) -> list[str]:
@@ -40,7 +40,7 @@ def fig_regime_map(taxonomy, *, model=None, corpus=None, ax=None, legend: bool =
     n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
     grid = np.full((n_layers, n_heads), np.nan)
     for layer, head, regime in rows[["layer", "head", "regime"]].itertuples(index=False):
-        grid[int(layer), int(head)] = REGIME_CODES.get(str(regime), REGIME_CODES["none"])
+        grid[int(layer), int(head)] = REGIME_CODES.get(str(regime), REGIME_CODES[NO_REGIME])
     cmap = ListedColormap([style.REGIME_COLORS[r] for r in REGIME_CODES])
     norm = BoundaryNorm(np.arange(-0.5, len(REGIME_CODES)), cmap.N)
     image, _ = draw_layer_head_map(ax, grid, cmap=cmap, norm=norm, colorbar=False)

@@ -326,10 +326,6 @@ class Ranker:
     needs_taxonomy: bool = False
     needs_loss: bool = False  # reads next-token NLL: a causal LM only
 
-    @property
-    def needs_windows(self) -> bool:
-        return self.batch_stats is not None or self.needs_taxonomy
-
     def make(self, model: nn.Module, *, stats=None, taxonomy=None, seed: int = 0,
              order: Sequence[str] | str = DEFAULT_ORDER) -> HeadRanking:
         """The ranking from what this ranker reads (the rest is ignored)."""

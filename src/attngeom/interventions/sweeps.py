@@ -92,11 +92,6 @@ def n_star(ns: Sequence[int], deltas: Sequence[float], tau: float) -> float:
     return float(min(ok)) if ok else math.nan
 
 
-def format_n_star(value: float, status: str, largest: int) -> str:
-    """``"16"``, or ``"> 64"`` when no N of the grid (largest 64) qualified."""
-    return f"> {largest}" if status == ABOVE_GRID else f"{value:.0f}"
-
-
 def _batches(ids: Tensor, batch_size: int):
     for start in range(0, ids.shape[0], batch_size):
         yield ids[start : start + batch_size]

@@ -1,8 +1,9 @@
 """The registry of analyses: what each one computes, from what, and which tables it writes.
 
 One ``Analysis`` per name of ``names.ANALYSES``: its accumulator factory, the tables it
-writes, the analyses it needs and the step that turns its raw columns into the run's
-tables (joins with other analyses' tables included). ``AnalysisSet`` is the running
+writes and the step that turns its raw columns into the run's tables (joins with other
+analyses' tables included); what an analysis needs is ``names.ANALYSIS_NEEDS``, which
+the configuration enforces. ``AnalysisSet`` is the running
 set of one run's accumulators; ``attngeom analyze`` and the taxonomy ranker of
 ``attngeom prune`` both stream windows into one. Adding an analysis is one
 ``register`` call here plus its accumulator in ``core`` (``docs/extending.md``).
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 
 from attngeom.core.batch import AttentionBatch
 from attngeom.core.protocol import Accumulator
-from attngeom.names import ANALYSIS_NEEDS
 from attngeom.pipeline import tables as tb
 
 
@@ -36,7 +36,6 @@ class Analysis:
     name: str
     tables: tuple[str, ...]
     make: Callable[..., Accumulator]
-    needs: tuple[str, ...] = ()
     finish: Callable[..., None] | None = None
     internal: tuple[str, ...] = ()  # tables computed for other analyses, never written
 
@@ -109,8 +108,7 @@ register(Analysis("metrics", ("metrics", "summary"), _make_metrics, finish=_fini
                   internal=("sink_effect",)))
 register(Analysis("sink", ("sink", "sink_tokens"), _make_sink, finish=_finish_sink))
 register(Analysis("taxonomy", ("taxonomy",), _make_taxonomy))
-register(Analysis("bounds", ("bounds",), _make_bounds, needs=ANALYSIS_NEEDS["bounds"],
-                  finish=_finish_bounds))
+register(Analysis("bounds", ("bounds",), _make_bounds, finish=_finish_bounds))
 register(Analysis("assumptions", ("assumptions",), _make_assumptions))
 
 

@@ -24,14 +24,6 @@ from attngeom.report.html import (
     table_html,
 )
 
-SECTIONS = (
-    ("separability", "Top-N separability", ("summary", "metrics")),
-    ("sink", "Attention sink", ("sink", "sink_tokens")),
-    ("taxonomy", "Head taxonomy", ("taxonomy",)),
-    ("bounds", "Certified bounds and assumptions", ("bounds", "assumptions")),
-    ("interventions", "Interventions", ("pruning", "head_scan", "restrict", "restrict_nstar")),
-)
-
 
 def build_report(run_dir, *, formats=("png", "pdf")) -> Path:
     """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``).
@@ -81,24 +73,18 @@ def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
         items = "".join(f"<li>{esc(s)}</li>" for s in sentences)
         blocks.append(("findings", "Findings", f'<ul class="findings">{items}</ul>'))
 
-    key_tables = {
-        "separability": F.separability_tables(summary),
-        "sink": F.sink_tables(run.get("sink"), run.get("sink_tokens")),
-        "taxonomy": F.taxonomy_tables(run.get("taxonomy")),
-        "bounds": F.bounds_tables(run.get("bounds"), run.get("assumptions")),
-        "interventions": (F.pruning_tables(run.get("pruning"))
-                          + F.head_scan_tables(run.get("head_scan"))
-                          + F.restrict_tables(run.get("restrict"), run.get("restrict_nstar"))),
-    }
-    for section, heading, _tables in SECTIONS:
-        figs = [f for f in figures if f.section == section]
-        tabs = key_tables.get(section, [])
+    def frame(name):
+        return summary if name == "summary" else run.get(name)
+
+    for section in F.SECTIONS:
+        figs = [f for f in figures if f.section == section.name]
+        tabs = section.tables(*(frame(n) for n in section.reads))
         if not figs and not tabs:
             continue
         parts = [figure_html(f.name, f.title, f.caption, f.png, _pdf(f), f.tables, DPI, base)
                  for f in figs]
         parts += [table_html(_drop_constant_keys(df), caption=cap) for cap, df in tabs]
-        blocks.append((section, heading, "".join(parts)))
+        blocks.append((section.name, section.heading, "".join(parts)))
 
     blocks.append(("tables", "Tables in this run", _tables_section(run)))
     if notes:
@@ -131,21 +117,17 @@ def _findings(run: RunTables, summary) -> list[str]:
     for model, corpus in groups:
         label = f"[{model}, {corpus}] " if len(groups) > 1 else ""
 
-        def only(df, model=model, corpus=corpus):
+        def only(name, model=model, corpus=corpus):
+            df = summary if name == "summary" else run.get(name)
             if df is None:
                 return None
             sub = df[(df["model"].astype(str) == model) & (df["corpus"].astype(str) == corpus)]
             return sub if len(sub) else None
 
-        out += F.separability_findings(only(summary), label)
-        out += F.sink_findings(only(run.get("sink")), label)
-        out += F.sink_token_findings(only(run.get("sink_tokens")), label)
-        out += F.taxonomy_findings(only(run.get("taxonomy")), label)
-        out += F.bounds_findings(only(run.get("bounds")), label)
-        out += F.pruning_findings(only(run.get("pruning")), label)
-        out += F.head_scan_findings(only(run.get("head_scan")), label)
-        out += F.restrict_findings(only(run.get("restrict")), only(run.get("restrict_nstar")),
-                                   label)
+        for section in F.SECTIONS:
+            frames = [only(n) for n in section.reads]
+            for sentences in section.sentences:
+                out += sentences(*frames, label)
     return out
 
 

@@ -7,13 +7,16 @@ the run's tables; nothing here refits or resamples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
+from attngeom.names import NO_REGIME, REGIMES, STABLE
 from attngeom.report.html import fmt
 
-REGIMES = ("Retriever", "Mixer", "Reset", "none")
-STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncertain
+LABELS = (*REGIMES, NO_REGIME)
 
 
 def _main(summary):
@@ -156,7 +159,7 @@ def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
     counts = taxonomy["regime"].astype(str).value_counts()
     total = int(counts.sum())
     parts = [f"{int(counts.get(r, 0))} {r}{'s' if r != 'none' else ''} "
-             f"({fmt(100 * counts.get(r, 0) / total, 2)}%)" for r in REGIMES[:3]]
+             f"({fmt(100 * counts.get(r, 0) / total, 2)}%)" for r in REGIMES]
     text = f"{model_label}Of {total} heads: " + ", ".join(parts)
     if counts.get("none", 0):
         text += f", and {int(counts['none'])} with no valid query"
@@ -180,7 +183,7 @@ def taxonomy_tables(taxonomy) -> list[tuple[str, pd.DataFrame]]:
         return []
     counts = (taxonomy.assign(regime=taxonomy["regime"].astype(str))
               .groupby(["model", "corpus", "layer", "regime"]).size().unstack(fill_value=0))
-    counts = counts[[r for r in REGIMES if r in counts.columns]]
+    counts = counts[[r for r in LABELS if r in counts.columns]]
     cols = [c for c in ("winning_share", "runner_up_share", "stability", "f_self", "f_sink",
                         "f_other", "top_source_share", "sink_alignment", "self_alignment",
                         "mean_output_norm") if c in taxonomy.columns]
@@ -326,3 +329,39 @@ def restrict_tables(restrict, nstar) -> list[tuple[str, pd.DataFrame]]:
         out.append(("Effective set sizes N*_tau",
                     nstar.set_index(["model", "corpus", "scope", "layer", "head"])))
     return out
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Section:
+    """One report section: the tables it reads, its sentences and its key tables.
+
+    ``sentences(*frames, label)`` and ``tables(*frames)`` receive the frames named in
+    ``reads`` (``None`` where the run lacks one), in that order.
+    """
+
+    name: str
+    heading: str
+    reads: tuple[str, ...]
+    sentences: tuple[Callable, ...]
+    tables: Callable
+
+
+SECTIONS = (
+    Section("separability", "Top-N separability", ("summary",), (separability_findings,),
+            separability_tables),
+    Section("sink", "Attention sink", ("sink", "sink_tokens"),
+            (lambda s, t, label: sink_findings(s, label),
+             lambda s, t, label: sink_token_findings(t, label)), sink_tables),
+    Section("taxonomy", "Head taxonomy", ("taxonomy",), (taxonomy_findings,), taxonomy_tables),
+    Section("bounds", "Certified bounds and assumptions", ("bounds", "assumptions"),
+            (lambda b, a, label: bounds_findings(b, label),), bounds_tables),
+    Section("interventions", "Interventions",
+            ("pruning", "head_scan", "restrict", "restrict_nstar"),
+            (lambda p, h, r, n, label: pruning_findings(p, label),
+             lambda p, h, r, n, label: head_scan_findings(h, label),
+             lambda p, h, r, n, label: restrict_findings(r, n, label)),
+            lambda p, h, r, n: pruning_tables(p) + head_scan_tables(h) + restrict_tables(r, n)),
+)

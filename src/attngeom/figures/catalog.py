@@ -1,0 +1,340 @@
+"""The catalogue of run figures: one registered function per figure (the report's order).
+
+Each ``@figure(name, section)`` function receives a ``Group`` (one model and corpus of
+a run, its tables) and returns a ``Plot`` (title, caption, the tables it reads and a
+``draw()`` that makes the matplotlib figure) or ``None`` when the group lacks what
+the figure needs. ``render.render_figures`` draws the catalogue in order. Adding a
+figure is one function here (``docs/extending.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attngeom.figures import style
+from attngeom.figures.bounds import fig_bounds
+from attngeom.figures.interventions import fig_head_scan, fig_pruning, fig_restrict
+from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, fig_topn_curves
+from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
+from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
+from attngeom.names import SEPARABILITY, STABLE
+
+
+@dataclass
+class Group:
+    """The tables of one (model, corpus) of a run; a missing table is ``None``."""
+
+    model: str
+    corpus: str
+    tables: dict
+    summary_source: tuple[str, ...]  # ("summary",), or ("metrics",) when it is rebuilt
+
+    def get(self, name: str):
+        return self.tables.get(name)
+
+    @property
+    def sel(self) -> dict:
+        return {"model": self.model, "corpus": self.corpus}
+
+
+@dataclass
+class Plot:
+    title: str
+    caption: str
+    tables: tuple[str, ...]
+    draw: Callable
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    section: str
+    make: Callable[[Group], Plot | None]
+
+
+CATALOG: list[FigureSpec] = []
+
+
+def figure(name: str, section: str):
+    """Register ``make(group) -> Plot | None`` as figure ``name`` of report ``section``."""
+
+    def register(make):
+        CATALOG.append(FigureSpec(name, section, make))
+        return make
+
+    return register
+
+
+def _shared_legend(fig, drawn) -> None:
+    """One legend above a multi-panel figure, from the panel with the most labelled artists."""
+    handles, labels = max((d.ax.get_legend_handles_labels() for d in drawn),
+                          key=lambda hl: len(hl[0]))
+    if handles:
+        chars = sum(len(label) for label in labels)
+        ncols = len(handles) if chars <= 80 else (len(handles) + 1) // 2
+        fig.legend(handles, labels, loc="outside upper center", ncols=max(1, ncols))
+
+
+def _first_nontrivial_n(summary) -> int | None:
+    rows = summary[(summary["distance"] == "euclidean") & ~summary["trivial"].astype(bool)]
+    if rows.empty:
+        rows = summary[~summary["trivial"].astype(bool)]
+    return int(rows["n"].min()) if len(rows) else None
+
+
+def _representative_layers(layers, k: int = 4) -> list[int]:
+    layers = sorted(set(int(x) for x in layers))
+    if len(layers) <= k:
+        return layers
+    picks = [layers[round(i * (len(layers) - 1) / (k - 1))] for i in range(k)]
+    return sorted(set(picks))
+
+
+def _three_panels(draw_one):
+    """A page-wide figure with one panel per separability metric and one legend."""
+    fig, axes = style.new_figure(style.PAGE_WIDTH, style.PANEL_HEIGHT, ncols=3)
+    drawn = [draw_one(metric, ax) for ax, metric in zip(axes, SEPARABILITY, strict=True)]
+    _shared_legend(fig, drawn)
+    return fig
+
+
+# --------------------------------------------------------------------------- separability
+
+
+@figure("topn_model", "separability")
+def topn_model(g: Group):
+    summary = g.get("summary")
+    if summary is None:
+        return None
+    return Plot(
+        "Top-N separability, whole model",
+        "Precision, recall and F-score of the top-N set against N for attention-selected, "
+        "contribution-ranked (where run) and random sets; mean over windows of the "
+        "model-wide mean, band = 95% window-bootstrap interval; hollow markers are the "
+        "trivial Euclidean N = 1.", g.summary_source,
+        lambda: _three_panels(lambda metric, ax: fig_topn_curves(
+            summary, metric=metric, ax=ax, legend=False, **g.sel)))
+
+
+def _layer_rows(g: Group):
+    summary = g.get("summary")
+    if summary is None:
+        return None, None
+    rows = summary[summary["scope"] == "layer"]
+    n_pick = _first_nontrivial_n(rows) if len(rows) else None
+    return rows, n_pick
+
+
+@figure("topn_by_layer", "separability")
+def topn_by_layer(g: Group):
+    rows, n_pick = _layer_rows(g)
+    if n_pick is None:
+        return None
+    summary = g.get("summary")
+    return Plot(
+        f"Separability by layer depth at N = {n_pick}",
+        f"P, R and F at N = {n_pick} (the smallest non-trivial N of the grid) for each "
+        "layer, by selection rule; band = 95% window-bootstrap interval.", g.summary_source,
+        lambda: _three_panels(lambda metric, ax: fig_topn_by_layer(
+            summary, n=n_pick, metric=metric, ax=ax, legend=False, **g.sel)))
+
+
+@figure("topn_depth", "separability")
+def topn_depth(g: Group):
+    rows, n_pick = _layer_rows(g)
+    if n_pick is None:
+        return None
+    summary = g.get("summary")
+    depth_layers = _representative_layers(rows["layer"])
+
+    def draw():
+        fig, axes = style.new_figure(style.PAGE_WIDTH, 1.9 * len(SEPARABILITY),
+                                     nrows=len(SEPARABILITY), ncols=len(depth_layers),
+                                     sharex=True, sharey=True, squeeze=False)
+        drawn = []
+        for r, metric in enumerate(SEPARABILITY):
+            for c, layer in enumerate(depth_layers):
+                ax = axes[r][c]
+                drawn = [fig_topn_curves(summary, metric=metric, layer=layer, ax=ax,
+                                         legend=False, title=f"layer {layer}" if r == 0 else None,
+                                         **g.sel)]
+                if c:
+                    ax.set_ylabel("")
+                if r < len(SEPARABILITY) - 1:
+                    ax.set_xlabel("")
+        _shared_legend(fig, drawn)
+        return fig
+
+    return Plot(
+        "Top-N curves at representative depths",
+        "P (top row), R and F (bottom row) against N for layers "
+        f"{', '.join(map(str, depth_layers))}: first, last and evenly spaced between.",
+        g.summary_source, draw)
+
+
+# --------------------------------------------------------------------------- sink
+
+
+@figure("sink_geometry", "sink")
+def sink_geometry(g: Group):
+    sink = g.get("sink")
+    if sink is None:
+        return None
+
+    def draw():
+        fig, axes = style.new_figure(style.PAGE_WIDTH, 2.6, ncols=2)
+        fig_sink_norm_ratio(sink, ax=axes[0], **g.sel)
+        fig_sink_cosine(sink, ax=axes[1], **g.sel)
+        return fig
+
+    return Plot(
+        "Sink value norm and direction by layer and head",
+        "Left: mean value norm of the non-sink tokens over the sink's value norm (log "
+        "scale; above 1 means a compressed sink). Right: cosine of the sink's value with "
+        "the mean non-sink value (blue = negative alignment).", ("sink",), draw)
+
+
+@figure("sink_effect", "sink")
+def sink_effect(g: Group):
+    summary, sink = g.get("summary"), g.get("sink")
+    has_variant = summary is not None and {"full", "no_sink"} <= set(summary["variant"]) and (
+        (summary["scope"] == "model") & (summary["metric"] == "f_score")).any()
+    if not has_variant and sink is None:
+        return None
+
+    def draw():
+        panels = int(has_variant) + int(sink is not None)
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * panels, style.PANEL_HEIGHT,
+                                     ncols=panels, squeeze=False)
+        i = 0
+        if has_variant:
+            fig_sink_variant(summary, ax=axes[0][i], **g.sel)
+            i += 1
+        if sink is not None:
+            fig_sink_split(sink, ax=axes[0][i], **g.sel)
+        return fig
+
+    tables = (g.summary_source if has_variant else ()) + (("sink",) if sink is not None else ())
+    return Plot(
+        "F-score with and without the sink",
+        "F_N of the attention top-N set with the sink in the universe and with it "
+        "excluded (bands: 95% bootstrap interval), and, from the sink table, split by "
+        "whether the sink was among the selected tokens (mean over heads).", tables, draw)
+
+
+# --------------------------------------------------------------------------- taxonomy
+
+
+@figure("regimes", "taxonomy")
+def regimes(g: Group):
+    taxonomy = g.get("taxonomy")
+    if taxonomy is None:
+        return None
+
+    def draw():
+        from matplotlib.patches import Patch
+
+        fig, axes = style.new_figure(style.PAGE_WIDTH, 2.6, ncols=2)
+        drawn = fig_regime_map(taxonomy, ax=axes[0], legend=False, **g.sel)
+        shares = fig_regime_shares(taxonomy, ax=axes[1], legend=False, **g.sel)
+        handles, _ = axes[1].get_legend_handles_labels()
+        if drawn.data["unstable"]:
+            handles.append(Patch(facecolor="white", edgecolor="0.25", hatch="////",
+                                 label=f"unstable label (< {STABLE:g})"))
+        shares.legend = axes[1].legend(handles=handles, loc="upper left",
+                                       bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+        return fig
+
+    return Plot(
+        "Head regimes",
+        "Left: regime of every head by single-source plurality (Retriever: the current "
+        "token wins most often; Mixer: the sink; Reset: no single privileged source); "
+        f"hatched, faded cells are labels kept in fewer than {STABLE:.0%} of window-bootstrap "
+        "resamples. Right: share of heads in each regime by layer.", ("taxonomy",), draw)
+
+
+@figure("source_fractions", "taxonomy")
+def source_fractions(g: Group):
+    taxonomy = g.get("taxonomy")
+    if taxonomy is None:
+        return None
+
+    def draw():
+        fig, ax = style.new_figure(style.PAGE_WIDTH, 2.0)
+        fig_source_fractions(taxonomy, ax=ax, **g.sel)
+        return fig
+
+    return Plot(
+        "Source winners per head",
+        "For each head, the share of counted queries whose largest contribution "
+        "alpha * ||v|| comes from the token itself (self), the sink, or another token.",
+        ("taxonomy",), draw)
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+@figure("bounds", "bounds")
+def bounds(g: Group):
+    table, metrics = g.get("bounds"), g.get("metrics")
+    if table is None:
+        return None
+    return Plot(
+        "Measured separability against certified bounds",
+        "Measured P, R and F of the attention top-N set (mean over heads, band = "
+        "interquartile range over heads) beside the certified lower bounds "
+        "(where computed) and the fitted constant-norm envelope.",
+        ("bounds",) + (("metrics",) if metrics is not None else ()),
+        lambda: _three_panels(lambda metric, ax: fig_bounds(
+            table, metrics, metric=metric, ax=ax, legend=False, **g.sel)))
+
+
+# --------------------------------------------------------------------------- interventions
+
+
+def _single(fig_fn, width, height, *args, **kwargs):
+    def draw():
+        fig, ax = style.new_figure(width, height)
+        fig_fn(*args, ax=ax, **kwargs)
+        return fig
+
+    return draw
+
+
+@figure("pruning", "interventions")
+def pruning(g: Group):
+    table = g.get("pruning")
+    if table is None:
+        return None
+    return Plot(
+        "Head pruning by ranker",
+        "Held-out perplexity against the fraction of heads kept, for each ranker; the "
+        "band spans the seeds of seeded rankers (min to max).", ("pruning",),
+        _single(fig_pruning, style.COLUMN_WIDTH, 2.6, table, **g.sel))
+
+
+@figure("head_scan", "interventions")
+def head_scan(g: Group):
+    table = g.get("head_scan")
+    if table is None:
+        return None
+    return Plot(
+        "Single-head removal scan",
+        "Relative change in NLL when each head alone is removed (symmetric log colour "
+        "scale); crosses mark heads above the critical threshold.", ("head_scan",),
+        _single(fig_head_scan, style.COLUMN_WIDTH, 2.8, table, **g.sel))
+
+
+@figure("restrict", "interventions")
+def restrict(g: Group):
+    table, nstar = g.get("restrict"), g.get("restrict_nstar")
+    if table is None:
+        return None
+    return Plot(
+        "Top-N restriction of attention",
+        "Relative change in NLL when every query keeps only its N largest attention "
+        "entries, with and without renormalisation; diamonds mark the effective set size "
+        "N*_tau at height tau.",
+        ("restrict",) + (("restrict_nstar",) if nstar is not None else ()),
+        _single(fig_restrict, style.COLUMN_WIDTH, 2.6, table, nstar, **g.sel))
