@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "attngeom"
 LEAVES = {"names", "validate"}
 ALLOWED = {
     "names": set(),
-    "validate": set(),
+    "validate": {"names"},
     "assets": set(),
     "config": {"config", "names", "validate", "assets"},
     "core": {"core"} | LEAVES,

@@ -32,7 +32,6 @@ from attngeom.names import (
     ANALYSES,
     ANALYSIS_NEEDS,
     DISTANCES,
-    DOC_BOUNDARIES,
     DTYPES,
     RANKER_REGIMES,
     RANKERS,
@@ -110,14 +109,7 @@ class RunConfig:
         v.text("device", self.device)
         v.text("text_column", self.text_column)
         v.text("separator", self.separator, optional=True)
-        v.one_of("doc_boundary", self.doc_boundary, DOC_BOUNDARIES)
-        if self.boundary_token is not None:
-            v.text("boundary_token", self.boundary_token)
-            if self.doc_boundary in ("auto", "none"):
-                raise ConfigError(
-                    "boundary_token: expected --doc-boundary bos, eos or sep with a boundary "
-                    f"token, got doc_boundary {self.doc_boundary!r}"
-                )
+        v.boundary_options(self.doc_boundary, self.boundary_token)
 
     # ------------------------------------------------------------------ use
 

@@ -180,6 +180,20 @@ def parse_query_mode(mode: str) -> tuple[str, int]:
     )
 
 
+def boundary_options(doc_boundary: str, boundary_token: str | None) -> None:
+    """A document-boundary override: a known kind, and a token only where one is used."""
+    from attngeom.names import DOC_BOUNDARIES
+
+    one_of("doc_boundary", doc_boundary, DOC_BOUNDARIES)
+    if boundary_token is not None:
+        text("boundary_token", boundary_token)
+        if doc_boundary in ("auto", "none"):
+            raise ConfigError(
+                "boundary_token: expected --doc-boundary bos, eos or sep with a boundary "
+                f"token, got doc_boundary {doc_boundary!r}"
+            )
+
+
 def text(name: str, value, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None

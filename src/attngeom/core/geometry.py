@@ -155,8 +155,6 @@ def topn_metrics(
     grid = _grid_tensor(n_grid)
     if rule != "random":
         repeats = 1
-    elif repeats < 1:
-        raise ConfigError(f"repeats: expected an integer >= 1, got {repeats}")
     if alpha.dim() != 3:
         raise ConfigError(f"alpha: expected shape (H, Q, T), got {tuple(alpha.shape)}")
     if stats is None:

@@ -313,10 +313,6 @@ def read_documents(
         raise ConfigError(
             f"max_documents: expected a positive integer or None, got {max_documents!r}"
         )
-    if separator is not None and (not isinstance(separator, str) or not separator):
-        raise ConfigError(f"separator: expected a non-empty string or None, got {separator!r}")
-    if not isinstance(text_column, str) or not text_column:
-        raise ConfigError(f"text_column: expected a non-empty string, got {text_column!r}")
     spec_str = str(spec)
     path = Path(spec_str).expanduser()
 

@@ -45,16 +45,16 @@ from dataclasses import dataclass
 import torch
 
 from attngeom.errors import ConfigError, CorpusError
+from attngeom.validate import boundary_options
 
 __all__ = [
-    "BOUNDARY_KINDS", "BoundaryPolicy", "Window", "boundary_policy", "make_windows",
+    "BoundaryPolicy", "Window", "boundary_policy", "make_windows",
     "special_token_frame", "window_fingerprint",
 ]
 
 MAX_PIECE_CHARS = 1 << 22  # 4 Mi characters
 _BATCH_CHARS = 1 << 18  # characters handed to the tokenizer per call
 _PROBES = ("Hello world", "a", "0", "The")
-BOUNDARY_KINDS = ("auto", "bos", "eos", "sep", "none")
 END_OF_TEXT = "<|endoftext|>"
 
 
@@ -163,24 +163,6 @@ def _end_of_text(tokenizer) -> int | None:
     return int(eos) if isinstance(eos, int) else None
 
 
-def check_boundary_options(doc_boundary: str, boundary_token: str | None) -> None:
-    """Fail fast (no tokenizer needed) on a malformed boundary override."""
-    if doc_boundary not in BOUNDARY_KINDS:
-        raise ConfigError(
-            f"doc_boundary: expected one of {', '.join(BOUNDARY_KINDS)}, got {doc_boundary!r}"
-        )
-    if boundary_token is not None:
-        if not isinstance(boundary_token, str) or not boundary_token:
-            raise ConfigError(
-                f"boundary_token: expected a token string, got {boundary_token!r}"
-            )
-        if doc_boundary in ("auto", "none"):
-            raise ConfigError(
-                f"boundary_token: expected --doc-boundary bos, eos or sep with a boundary "
-                f"token, got doc_boundary {doc_boundary!r}"
-            )
-
-
 def boundary_policy(
     tokenizer, doc_boundary: str = "auto", boundary_token: str | None = None
 ) -> BoundaryPolicy:
@@ -195,7 +177,7 @@ def boundary_policy(
     >>> boundary_policy(tok).kind              # doctest: +SKIP
     'bos'
     """
-    check_boundary_options(doc_boundary, boundary_token)
+    boundary_options(doc_boundary, boundary_token)
     name = type(tokenizer).__name__
     prefix, suffix = special_token_frame(tokenizer)
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -371,13 +353,6 @@ def make_windows(
     >>> [x.index for x in w], w[0].input_ids[0].item() == tok.bos_token_id  # doctest: +SKIP
     ([0, 1], True)
     """
-    for arg, value, low in (("window_length", window_length, 2), ("start_window", start_window, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{arg}: expected an integer >= {low}, got {value!r}")
-    if n_windows is not None and (
-        isinstance(n_windows, bool) or not isinstance(n_windows, int) or n_windows < 1
-    ):
-        raise ConfigError(f"n_windows: expected a positive integer or None, got {n_windows!r}")
     if isinstance(documents, (str, bytes)):
         raise ConfigError("documents: expected a list of strings, got a single string")
 
