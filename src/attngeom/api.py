@@ -55,8 +55,10 @@ def analyze(model: str | None = None, corpus: str | None = None, out: str | Path
     ``options`` are ``AnalysisConfig`` fields (window_length, n_windows, n_grid,
     query_mode, rules, distances, repeats, seed, device, dtype, ...).
 
-    >>> res = analyze(n_windows=2, window_length=32, progress=False)  # doctest: +SKIP
-    >>> res["summary"].query("scope == 'model' and metric == 'f_score'")  # doctest: +SKIP
+    >>> res = analyze(n_windows=2, window_length=32, bootstrap=50, progress=False)
+    >>> f = res["summary"].query("scope == 'model' and metric == 'f_score' and n == 2")
+    >>> sorted(f["rule"].unique())
+    ['attention', 'contribution', 'random']
     """
     from attngeom.pipeline.analyze import Analyze
 

@@ -153,10 +153,10 @@ def capture_attention(
     ``ConfigError`` for bad arguments.
 
     >>> captured = []
-    >>> with capture_attention(model, captured.append, query_rows=[-1]):  # doctest: +SKIP
-    ...     model(input_ids)
-    >>> captured[0].alpha.shape                                             # doctest: +SKIP
-    torch.Size([1, 8, 1, 16])
+    >>> with capture_attention(model, captured.append, query_rows=[-1]):
+    ...     _ = model(input_ids)
+    >>> captured[0].alpha.shape, captured[0].values.shape
+    (torch.Size([2, 8, 1, 32]), torch.Size([2, 4, 32, 8]))
     """
     rows = _check_rows(query_rows)
     size = _check_chunk(chunk_size)

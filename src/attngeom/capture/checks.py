@@ -80,9 +80,9 @@ def check_inputs(model: torch.nn.Module, tokenizer=None) -> dict[str, torch.Tens
 def check_model(model: torch.nn.Module, tokenizer=None) -> CheckReport:
     """Run the self-checks on ``model``; raise ``SelfCheckError`` on the first failure.
 
-    >>> report = check_model(model, tokenizer)   # doctest: +SKIP
-    >>> report.max_sum_error < 1e-5              # doctest: +SKIP
-    True
+    >>> report = check_model(model, tokenizer)
+    >>> report.layers_captured, report.max_sum_error < 1e-5
+    (5, True)
     """
     layout = model_layout(model)
     name = layout.model_class

@@ -348,10 +348,14 @@ def override_attention(model: torch.nn.Module, handler: Handler) -> Iterator[Non
     raises ``ModelError`` naming the model class (its attention bypasses the
     interface).
 
-    >>> def handler(call):                                # doctest: +SKIP
+    >>> layers = []
+    >>> def handler(call):
+    ...     layers.append(call.layer)
     ...     return call.previous()
-    >>> with override_attention(model, handler):          # doctest: +SKIP
-    ...     model(input_ids)
+    >>> with override_attention(model, handler):
+    ...     _ = model(input_ids)
+    >>> layers
+    [0, 1, 2, 3, 4]
     """
     from transformers import PreTrainedModel
 

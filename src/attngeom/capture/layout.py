@@ -56,8 +56,8 @@ def _config(model: torch.nn.Module):
 def model_layout(model: torch.nn.Module) -> Layout:
     """Read the attention layout of ``model`` from its config and attention modules.
 
-    >>> layout = model_layout(model)                      # doctest: +SKIP
-    >>> layout.num_heads, layout.num_kv_heads             # doctest: +SKIP
+    >>> layout = model_layout(model)
+    >>> layout.num_heads, layout.num_kv_heads
     (8, 4)
     """
     config = _config(model)

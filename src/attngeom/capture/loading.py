@@ -200,7 +200,10 @@ def load_model(
     ``ModelError`` (one line) when the path or hub id cannot be loaded, e.g. a
     missing directory, or a hub id not in the local cache with ``HF_HUB_OFFLINE=1``.
 
-    >>> model, tokenizer = load_model("shared/assets/stories260K-hf")  # doctest: +SKIP
+    >>> from attngeom.assets import asset
+    >>> model, tokenizer = load_model(asset("stories260K"))
+    >>> type(model).__name__, tokenizer.bos_token
+    ('LlamaForCausalLM', '<s>')
     """
     torch_dtype = resolve_dtype(dtype)
     src = resolve_source(name_or_path)

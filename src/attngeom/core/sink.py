@@ -163,7 +163,7 @@ def sink_pair_sums(
     >>> a = torch.zeros(1, 2, 20); a[0, :, 1] = 0.5; a[0, :, 2] = 0.5
     >>> s = sink_pair_sums(a, a > 0, torch.tensor([18, 19]))
     >>> s["pairs"][0, :3].tolist(), s["share"][0, 1].item()
-    ([0, 2, 1], 1.0)
+    ([0, 2, 2], 1.0)
     """
     universe = universe.to(torch.bool)
     t = alpha.shape[-1]

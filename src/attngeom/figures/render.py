@@ -47,8 +47,8 @@ def render_all(run_dir, out_dir) -> list[Path]:
 
     Each figure is written as ``<name>.png`` and ``<name>.pdf``.
 
-    >>> render_all("runs/demo", "runs/demo/figures")  # doctest: +SKIP
-    [PosixPath('runs/demo/figures/topn_model.png'), ...]
+    ``render_all("runs/demo/tinystories", "figures")`` returns
+    ``[PosixPath('figures/topn_model.png'), PosixPath('figures/topn_model.pdf'), ...]``.
     """
     result = render_figures(load_run(run_dir), out_dir)
     return [path for figure in result.figures for path in figure.files]

@@ -137,9 +137,11 @@ def head_gates(
     nothing, bit for bit; on exit the hooks are removed, even on an exception.
 
     Example:
-        >>> with head_gates(model) as g:  # doctest: +SKIP
+        >>> with head_gates(model) as g:
         ...     g[0, 3] = 0.0  # remove layer 0 head 3
         ...     logits = model(ids).logits
+        >>> bool((logits != model(ids).logits).any())
+        True
     """
     layout = model_layout(model)
     shape = (layout.num_layers, layout.num_heads)
@@ -185,8 +187,10 @@ def remove_heads(model: nn.Module, heads: Iterable[tuple[int, int]]) -> Iterator
     Shorthand for :func:`head_gates` with zeros at ``heads``; yields the gates.
 
     Example:
-        >>> with remove_heads(model, [(0, 12)]):  # doctest: +SKIP
+        >>> with torch.no_grad(), remove_heads(model, [(0, 3)]):
         ...     loss = model(ids, labels=ids).loss
+        >>> float(loss) > float(model(ids, labels=ids).loss.detach())
+        True
     """
     gates = gates_for_heads(model, heads)
     with head_gates(model, gates) as g:

@@ -178,8 +178,8 @@ def taxonomy_ranking(
     Returns:
         A :class:`HeadRanking` with ``scores`` = mean output norm and ``order`` set.
 
-    Example:
-        >>> taxonomy_ranking(tax, order=("Reset", "Mixer", "Retriever")).heads[:3]  # doctest: +SKIP
+    Example: ``taxonomy_ranking(tax, order=("Reset", "Mixer", "Retriever")).heads[:3]``
+    are the three Reset heads with the smallest outputs.
     """
     order = parse_order(order)
     if num_layers is None or num_heads is None:

@@ -301,9 +301,11 @@ def prune_sweep(model: nn.Module, rankings: Sequence[HeadRanking], eval_ids: Ten
     ``L*H - round(f*L*H)`` heads are removed (global budget) and the mean NLL is
     measured on ``eval_ids`` (N, T), windows disjoint from those the rankers read.
 
-    >>> rankings = [rank_heads("magnitude", model)]                 # doctest: +SKIP
-    >>> pruning, ranks = prune_sweep(model, rankings, ids, keep_fractions=(1.0, 0.5))
-    ... # doctest: +SKIP
+    >>> from attngeom.interventions.rankers import rank_heads
+    >>> pruning, ranks = prune_sweep(model, [rank_heads("magnitude", model)], ids,
+    ...                              keep_fractions=(1.0, 0.5))
+    >>> pruning["heads_kept"].tolist()
+    [40, 20]
     """
     settings, rows = prune_settings(model, rankings, keep_fractions)
     base, nll = _measure(model, eval_ids, settings, batch_size)

@@ -31,8 +31,8 @@ def build_report(run_dir, *, formats=("png", "pdf")) -> Path:
     Raises ``attngeom.errors.RunDirError`` naming the file when ``run_dir`` is not a
     run or one of its listed tables is missing or unreadable.
 
-    >>> build_report("runs/demo")  # doctest: +SKIP
-    PosixPath('runs/demo/report/index.html')
+    ``build_report("runs/demo/tinystories")`` writes and returns
+    ``runs/demo/tinystories/report/index.html``.
     """
     run = load_run(run_dir)
     out = Path(run_dir) / "report"
