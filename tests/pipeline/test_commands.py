@@ -151,8 +151,19 @@ def test_failed_overwrite_keeps_the_previous_results(tmp_path) -> None:
 
 
 def test_check_command_runs_the_self_checks(capsys) -> None:
+    """Every check is printed with the largest deviation it measured and its bound."""
     assert main(["check", "--model", str(STORIES_PATH)]) == 0
-    assert "self-checks passed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "self-checks passed" in out
+    result = api.check(str(STORIES_PATH))
+    lines = {line.name: line for line in result.lines}
+    assert lines["output under capture vs own forward (max |diff|)"].measured == 0.0
+    assert 0 <= lines["visible probabilities sum to 1 (max |sum - 1|)"].measured < 1e-5
+    assert lines["head gates of one (max |diff|)"].measured == 0.0
+    removed = [x for name, x in lines.items() if name.startswith("removing head")]
+    assert len(removed) == 2 and all(x.measured > 0 for x in removed)
+    for line in result.lines:
+        assert line.name in out
     code = main(["check", "--model", "/nonexistent/model"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("attngeom check: error:") and "\n" not in err
