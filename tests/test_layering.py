@@ -20,7 +20,7 @@ ALLOWED = {
     "names": set(),
     "validate": {"names"},
     "assets": set(),
-    "config": {"config", "names", "validate", "assets"},
+    "config": {"config", "names", "validate", "assets", "results"},
     "core": {"core"} | LEAVES,
     "capture": {"core", "capture"} | LEAVES,
     "interventions": {"core", "capture", "interventions"} | LEAVES,

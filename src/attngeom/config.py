@@ -29,7 +29,6 @@ from attngeom import validate as v
 from attngeom.assets import DEFAULT_CORPUS, DEFAULT_MODEL, asset
 from attngeom.errors import ConfigError
 from attngeom.names import (
-    ANALYSES,
     ANALYSIS_NEEDS,
     DISTANCES,
     DTYPES,
@@ -40,6 +39,7 @@ from attngeom.names import (
     RULES,
     VARIANTS,
 )
+from attngeom.results.schemas import ANALYSES
 
 __all__ = [
     "COMMANDS", "AnalysisConfig", "PruneConfig", "RestrictConfig", "RunConfig", "ScanConfig",

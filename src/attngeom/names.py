@@ -21,8 +21,8 @@ NO_REGIME = "none"
 REGIME_RULES = ("single", "lumped")
 STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncertain
 
-# --- the analyses of ``attngeom analyze`` (their registry: ``pipeline/analyses.py``)
-ANALYSES = ("metrics", "sink", "taxonomy", "bounds", "assumptions")
+# --- the analyses of ``attngeom analyze``: their names and tables are declared with the
+# table schemas (``results/schemas.py``), their accumulators in ``pipeline/analyses.py``
 ANALYSIS_NEEDS = {"bounds": ("metrics",)}  # the bounds sit beside the measured metrics
 
 # --- interventions (method: "Interventions")

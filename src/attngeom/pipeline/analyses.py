@@ -1,9 +1,9 @@
 """The registry of analyses: what each one computes, from what, and which tables it writes.
 
-One ``Analysis`` per name of ``names.ANALYSES``: its accumulator factory, the tables it
-writes and the step that turns its raw columns into the run's tables (joins with other
-analyses' tables included); what an analysis needs is ``names.ANALYSIS_NEEDS``, which
-the configuration enforces. ``AnalysisSet`` is the running
+One ``Analysis`` per analysis of ``results.schemas.ANALYSES`` (where its tables are
+declared): its accumulator factory and the step that turns its raw columns into the
+run's tables (joins with other analyses' tables included); what an analysis needs is
+``names.ANALYSIS_NEEDS``, which the configuration enforces. ``AnalysisSet`` is the running
 set of one run's accumulators; ``attngeom analyze`` and the taxonomy ranker of
 ``attngeom prune`` both stream windows into one. Adding an analysis is one
 ``register`` call here plus its accumulator in ``core`` (``docs/extending.md``).
@@ -34,10 +34,16 @@ class Analysis:
     computed (``frames`` holds every analysis' tables, internal ones included)."""
 
     name: str
-    tables: tuple[str, ...]
     make: Callable[..., Accumulator]
     finish: Callable[..., None] | None = None
     internal: tuple[str, ...] = ()  # tables computed for other analyses, never written
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables it writes (declared in ``results/schemas.py``)."""
+        from attngeom.results.schemas import analysis_tables
+
+        return analysis_tables(self.name)
 
 
 REGISTRY: dict[str, Analysis] = {}
@@ -104,12 +110,11 @@ def _make_assumptions(config, context):
     return AssumptionsAccumulator()
 
 
-register(Analysis("metrics", ("metrics", "summary"), _make_metrics, finish=_finish_metrics,
-                  internal=("sink_effect",)))
-register(Analysis("sink", ("sink", "sink_tokens"), _make_sink, finish=_finish_sink))
-register(Analysis("taxonomy", ("taxonomy",), _make_taxonomy))
-register(Analysis("bounds", ("bounds",), _make_bounds, finish=_finish_bounds))
-register(Analysis("assumptions", ("assumptions",), _make_assumptions))
+register(Analysis("metrics", _make_metrics, finish=_finish_metrics, internal=("sink_effect",)))
+register(Analysis("sink", _make_sink, finish=_finish_sink))
+register(Analysis("taxonomy", _make_taxonomy))
+register(Analysis("bounds", _make_bounds, finish=_finish_bounds))
+register(Analysis("assumptions", _make_assumptions))
 
 
 # --------------------------------------------------------------------------- one run's set

@@ -110,6 +110,20 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
 
 TABLE_NAMES: tuple[str, ...] = tuple(SCHEMAS)
 
+# The analysis of ``attngeom analyze`` that writes each of its tables (the other tables
+# are written by the intervention commands). ``ANALYSES`` lists the analyses in the
+# order they run; ``pipeline/analyses.py`` registers an accumulator for each.
+WRITTEN_BY = {
+    "metrics": "metrics", "summary": "metrics", "sink": "sink", "sink_tokens": "sink",
+    "taxonomy": "taxonomy", "bounds": "bounds", "assumptions": "assumptions",
+}
+ANALYSES: tuple[str, ...] = tuple(dict.fromkeys(WRITTEN_BY.values()))
+
+
+def analysis_tables(analysis: str) -> tuple[str, ...]:
+    """The tables analysis ``analysis`` writes, in schema order."""
+    return tuple(t for t, a in WRITTEN_BY.items() if a == analysis)
+
 
 def table_file(name: str) -> str:
     """The file name of table ``name`` inside a run directory (``name.parquet``)."""
