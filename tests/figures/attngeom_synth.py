@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attngeom.names import METRICS
+
 MODEL = "tiny-llama"
 CORPUS = "tiny-stories"
 LAYERS = 4
@@ -57,9 +59,12 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
                                          "precision_inv_bound": 0.6 * p if bound else np.nan,
                                          "recall_inv_bound": 0.5 * r if bound else np.nan})
     metrics = pd.DataFrame(rows)
+    for extra in METRICS:  # any metric added later gets plausible values too
+        if extra not in metrics:
+            metrics[extra] = rng.random(len(metrics))
 
     keys = ["rule", "variant", "distance", "n"]
-    cols = ["precision", "recall", "f_score", "margin", "inversions"]
+    cols = list(METRICS)
     frames = []
     for scope, by in (("model", []), ("layer", ["layer"]), ("head", ["layer", "head"])):
         per_window = metrics.groupby(keys + by + ["window"])[cols].mean()

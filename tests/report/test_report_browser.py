@@ -38,7 +38,8 @@ def browser():
         reason = [str(exc)]
     found = find_chromium()
     if not found:
-        pytest.skip(f"no Chromium and none could be installed: {reason[0]}")
+        pytest.fail(f"no Chromium and none could be installed (make test installs it with "
+                    f"scripts/install_browser.sh): {reason[0]}")
     return found
 
 

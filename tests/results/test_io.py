@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from attngeom.errors import ConfigError, RunDirError
+from attngeom.names import METRICS
 from attngeom.results import io as rio
 from attngeom.results.io import (
     MANIFEST_NAME,
@@ -69,7 +70,7 @@ def metrics_frame(seed: int = 0) -> pd.DataFrame:
     df.insert(0, "corpus", "tiny")
     df.insert(0, "model", "stories260K")
     df["variant"], df["distance"] = "full", "euclidean"
-    for col in ("precision", "recall", "f_score", "margin", "inversions"):
+    for col in METRICS:
         df[col] = rng.random(k)
     df.loc[3, "margin"] = np.nan
     df["n_queries"] = 1
@@ -417,8 +418,6 @@ def test_file_and_directory_sha256(tmp_path):
 
 
 def test_directory_sha256_real_model():
-    if not STORIES_HF.is_dir():
-        pytest.skip("shared stories260K-hf not present")
     h = directory_sha256(STORIES_HF)
     assert h == directory_sha256(str(STORIES_HF)) and len(h) == 64
     assert file_sha256(STORIES_HF / "model.safetensors") == (
