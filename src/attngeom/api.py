@@ -70,7 +70,7 @@ def analyze(model: str | None = None, corpus: str | None = None, out: str | Path
 def prune(model: str | None = None, corpus: str | None = None, out: str | Path | None = None,
           *, config: PruneConfig | None = None, overwrite: bool = False, progress=True,
           model_and_tokenizer=None, **options) -> RunResult:
-    """Keep-fraction pruning sweep per ranker (SPEC 6); ``options``: ``PruneConfig`` fields.
+    """Keep-fraction pruning sweep per ranker (method §9); ``options``: ``PruneConfig`` fields.
 
     Rankers see only the ranking windows; perplexity is measured on the evaluation
     windows that follow them in the corpus (disjoint by construction).
@@ -87,7 +87,7 @@ def scan_heads(model: str | None = None, corpus: str | None = None,
                overwrite: bool = False, progress=True, model_and_tokenizer=None,
                **options) -> RunResult:
     """Remove each head alone and report relative delta-NLL; critical heads above
-    ``threshold`` (SPEC 6). ``options``: ``ScanConfig`` fields."""
+    ``threshold`` (method §9). ``options``: ``ScanConfig`` fields."""
     from attngeom.pipeline.interventions import ScanHeads
 
     return execute(ScanHeads(), _config(ScanConfig, config, model, corpus, options), out,
@@ -100,7 +100,7 @@ def restrict(model: str | None = None, corpus: str | None = None,
              overwrite: bool = False, progress=True, model_and_tokenizer=None,
              **options) -> RunResult:
     """Top-N attention restriction: delta-NLL per N and the effective set size N*_tau
-    (SPEC 6). ``options``: ``RestrictConfig`` fields."""
+    (method §9). ``options``: ``RestrictConfig`` fields."""
     from attngeom.pipeline.interventions import Restrict
 
     return execute(Restrict(), _config(RestrictConfig, config, model, corpus, options), out,
@@ -121,7 +121,7 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
 
 
 def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float32"):
-    """Run the load-time self-checks on a model; returns what each measured (SPEC 7).
+    """Run the load-time self-checks on a model; returns what each measured (method §10).
 
     Probabilities sum to one, masked keys are zero, the output under capture equals
     the model's own, every layer is captured, gates of one change nothing and

@@ -251,7 +251,7 @@ def _orders(value) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class PruneConfig(_InterventionConfig):
-    """``attngeom prune``: keep-fraction pruning sweep per head ranker (SPEC 6)."""
+    """``attngeom prune``: keep-fraction pruning sweep per head ranker (method §9)."""
 
     command: ClassVar[str] = "prune"
 
@@ -281,7 +281,7 @@ class PruneConfig(_InterventionConfig):
 
 @dataclass(frozen=True)
 class ScanConfig(_InterventionConfig):
-    """``attngeom scan-heads``: relative delta-NLL of removing each head alone (SPEC 6)."""
+    """``attngeom scan-heads``: relative delta-NLL of removing each head alone (method §9)."""
 
     command: ClassVar[str] = "scan-heads"
 
@@ -295,7 +295,7 @@ class ScanConfig(_InterventionConfig):
 
 @dataclass(frozen=True)
 class RestrictConfig(_InterventionConfig):
-    """``attngeom restrict``: top-N attention restriction and N*_tau (SPEC 6)."""
+    """``attngeom restrict``: top-N attention restriction and N*_tau (method §9)."""
 
     command: ClassVar[str] = "restrict"
 

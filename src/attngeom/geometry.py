@@ -1,4 +1,4 @@
-"""Public path of the geometry core: ``attngeom.geometry.topn_metrics`` (SPEC 2)."""
+"""Public path of the geometry core: ``attngeom.geometry.topn_metrics`` (method §4)."""
 
 from attngeom.core.geometry import (
     DISTANCES,

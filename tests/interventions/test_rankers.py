@@ -252,9 +252,11 @@ def test_every_ranker_is_a_reproducible_permutation(name):
 
 def test_rank_heads_errors_name_the_valid_rankers():
     model = make_model("llama")
-    with pytest.raises(
-        ConfigError, match="taxonomy, magnitude, entropy, random, gradient, sensitivity"
-    ):
+    from attngeom.interventions.rankers import RANKERS
+    from attngeom.names import RANKERS as NAMES
+
+    assert tuple(RANKERS) == NAMES  # the registry and the configuration's choices agree
+    with pytest.raises(ConfigError, match=", ".join(NAMES)):
         rank_heads("norm", model)
     with pytest.raises(ConfigError, match="per-head table"):
         rank_heads("taxonomy", model)

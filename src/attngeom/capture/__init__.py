@@ -2,9 +2,9 @@
 
 Loading (``load_model``), the attention layout (``model_layout``), the
 registered attention + mask function (``override_attention``), capture of
-probabilities and value states (``capture_attention``, SPEC 1 and 8), the head
+probabilities and value states (``capture_attention``, method §2 and 8), the head
 output projections interventions hook into (``attention_output_projections``,
-SPEC 6) and the load-time self-checks (``check_model``). transformers itself is
+method §9) and the load-time self-checks (``check_model``). transformers itself is
 imported only when one of these is called.
 """
 

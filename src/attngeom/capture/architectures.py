@@ -1,13 +1,13 @@
 """Where attention lives in a transformers model, found without per-architecture tables.
 
-SPEC 7 asks for any Hugging Face model whose attention goes through the
+method §10 asks for any Hugging Face model whose attention goes through the
 transformers attention interface. Such a model's attention modules are defined
 in a ``modeling_<family>.py`` that also defines the family's own
 ``eager_attention_forward``; that function is the reference for the model's
-scaling, softcapping, sliding windows and grouped-query heads (SPEC 1), and the
+scaling, softcapping, sliding windows and grouped-query heads (method §2), and the
 innermost ``*Attention*`` module of such a file is the one that calls the
 interface. Only the output projection needs names, and those are few
-(SPEC 6: o_proj / dense / c_proj / out_proj).
+(method §9: o_proj / dense / c_proj / out_proj).
 """
 
 from __future__ import annotations

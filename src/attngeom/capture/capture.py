@@ -1,4 +1,4 @@
-"""Attention probabilities and value states, layer by layer (SPEC 1, SPEC 8).
+"""Attention probabilities and value states, layer by layer (method §2, method §11).
 
 ``capture_attention`` hands every layer's post-softmax probabilities at the
 analysed query rows, the value states per kv head and the key visibility to a
@@ -13,9 +13,9 @@ consumer, while the model's output stays that of its own implementation:
 - **probability path**: the family's own ``eager_attention_forward`` runs on the
   analysed query rows only, with the same rows of the same mask, so scaling,
   softcapping, sliding windows, padding and GQA are exactly the model's
-  ("probabilities only where analysed", SPEC 8). ``chunk_size`` bounds the
+  ("probabilities only where analysed", method §11). ``chunk_size`` bounds the
   memory to chunk x T per head. Probabilities are float32 before any rounding to
-  a bf16/fp16 model's dtype (SPEC 7, ``AttentionCall.eager_float32``).
+  a bf16/fp16 model's dtype (method §10, ``AttentionCall.eager_float32``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from attngeom.errors import ConfigError
 
 @dataclass(frozen=True)
 class LayerCapture:
-    """What one layer hands to the consumer (SPEC 1).
+    """What one layer hands to the consumer (method §2).
 
     ``alpha`` (B, H, Q, T) float32: post-softmax probabilities at ``query_rows``
     (Q,) int64; ``values`` (B, G, T, d) float32: value states per kv head, before
     ``repeat_kv`` and the output projection (query head h reads kv head
     h // (H / G)); ``visible`` (B, 1 or H, Q, T) bool: the keys each analysed
-    query may see, from the mask the model built (the universe of SPEC 1/2).
+    query may see, from the mask the model built (the universe of method §2/2).
     """
 
     layer: int
@@ -144,7 +144,7 @@ def capture_attention(
     """Hand each layer's ``LayerCapture`` to ``consumer`` during every forward inside.
 
     ``query_rows``: the analysed query positions (``None``: all; negatives count
-    from the end, so ``[-1]`` is SPEC 2's ``final`` mode). ``chunk_size``: split
+    from the end, so ``[-1]`` is the method's ``final`` mode). ``chunk_size``: split
     the analysed rows into chunks of at most this many rows; the consumer is
     then called once per chunk, in order, with the same ``values`` tensor.
     Logits are those of the model's own forward; the previous attention

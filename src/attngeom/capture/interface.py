@@ -17,7 +17,7 @@ restores the previous implementation on exit. The handler receives an
 ``AttentionCall`` and can ask it for the output the model's previous
 implementation would give (``previous()``, e.g. sdpa) or for the family's own
 eager function on any subset of query rows (``eager(rows)``), so scaling,
-softcapping, sliding windows and GQA are exactly the model's (SPEC 1, SPEC 8).
+softcapping, sliding windows and GQA are exactly the model's (method §2, method §11).
 
 The registration itself is global and permanent (transformers has no
 unregister); a registered but unused name changes nothing.
@@ -164,7 +164,7 @@ class AttentionCall:
 
         Returns ``(output (B, Q', H, d), probabilities (B, H, Q', T))``. Slicing
         queries and mask rows together gives the same rows the full eager call
-        gives (SPEC 8, "probabilities only where analysed").
+        gives (method §11).
         """
         function = family_eager_function(self.module)
         index = _rows_index(rows, self.query.device)
@@ -177,7 +177,7 @@ class AttentionCall:
     def eager_float32(
         self, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """``eager(rows)`` plus its probabilities in float32 before any rounding (SPEC 7).
+        """``eager(rows)`` plus its probabilities in float32 before any rounding (method §10).
 
         Returns ``(output, weights, probabilities)``: the first two exactly what
         ``eager`` returns, the last (B, H, Q', T) float32. A bf16 or fp16 model computes
@@ -433,7 +433,7 @@ def has_override(model: torch.nn.Module) -> bool:
 def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, G, T, d) -> (B, G * groups, T, d): kv head g serves query heads g*groups..
 
-    The GQA layout of SPEC's notation (query head h reads kv head h // groups).
+    The GQA layout of docs/method.md §1: query head h reads kv head h // groups.
     """
     if groups == 1:
         return states

@@ -1,6 +1,6 @@
 """The shape of a model's attention: layers, heads, kv heads, head dimension.
 
-SPEC notation (preamble): layers l = 0..L-1, query heads h = 0..H-1, kv heads
+Notation (docs/method.md §1): layers l = 0..L-1, query heads h = 0..H-1, kv heads
 g = 0..G-1 with query head h reading kv head h // (H / G), head dimension d.
 Everything downstream (accumulators, interventions, manifests) sizes its state
 from this one record.
@@ -22,7 +22,7 @@ from attngeom.errors import ModelError
 
 @dataclass(frozen=True)
 class Layout:
-    """Attention geometry of a model (SPEC notation).
+    """Attention geometry of a model (docs/method.md §1).
 
     ``is_causal``: keys after the query are invisible (decoders); ``False`` for
     bidirectional encoders. ``max_positions``: the longest window the model's
@@ -92,7 +92,7 @@ def model_layout(model: torch.nn.Module) -> Layout:
 def attention_output_projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Per layer, the module whose input is the concatenation of the heads' outputs.
 
-    SPEC 6 (head removal): zeroing head h's slice ``[h * d, (h + 1) * d)`` of this
+    method §9 (head removal): zeroing head h's slice ``[h * d, (h + 1) * d)`` of this
     module's input (a forward pre-hook) removes exactly that head. o_proj for
     Llama-like models, ``attn.c_proj`` for GPT-2 (not ``mlp.c_proj``),
     ``attention.dense`` for GPT-NeoX, ``attention.output.dense`` for BERT.

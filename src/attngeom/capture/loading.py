@@ -1,6 +1,6 @@
-"""Load a model and its tokenizer by local path, GGUF file or hub id (SPEC 7).
+"""Load a model and its tokenizer by local path, GGUF file or hub id (method §10).
 
-Causal LMs load through ``AutoModelForCausalLM``, encoders (BERT-like, SPEC 1's
+Causal LMs load through ``AutoModelForCausalLM``, encoders (BERT-like, the method's
 bidirectional universe) through ``AutoModel``; both in eval mode. A ``.gguf`` file
 (or a directory holding exactly one, and no ``config.json``) loads through
 transformers' own GGUF reader, dequantised to the requested dtype (float32 by

@@ -1,4 +1,4 @@
-"""Streaming state of the top-N geometry: per-window sums and counts (SPEC 2, "Aggregation").
+"""Streaming state of the top-N geometry: per-window sums and counts (method §5).
 
 The math lives in ``geometry.topn_metrics`` (and ``bounds``); this object only keeps
 the sufficient statistics of each (window, layer, rule, variant, distance): sums of
@@ -32,7 +32,7 @@ SINK_EFFECT_COLUMNS = (
 
 @dataclass(frozen=True)
 class TopNConfig:
-    """What the geometry pass computes; see SPEC 2 for every choice."""
+    """What the geometry pass computes; see method §4 for every choice."""
 
     n_grid: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     rules: tuple[str, ...] = ("attention", "contribution", "random")
@@ -84,7 +84,7 @@ def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
 
 @dataclass
 class TopNAccumulator(Accumulator):
-    """Accumulates SPEC 2 metrics (and the SPEC 5 per-query bounds) window by window.
+    """Accumulates method §4 metrics (and the method §8 per-query bounds) window by window.
 
     Tables: ``metrics`` (per window, layer, head, rule, variant, distance, N) and
     ``sink_effect`` (F_N split by whether the sink was selected, joined into ``sink``).
@@ -324,7 +324,7 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 
 
 def _window_constants(batch: AttentionBatch):
-    """(mu, c_lo, c_hi) per kv head, measured on the window itself (SPEC 5)."""
+    """(mu, c_lo, c_hi) per kv head, measured on the window itself (method §8)."""
     from attngeom.core.bounds import window_constants
 
     return window_constants(batch.stats)

@@ -1,4 +1,4 @@
-"""Regime agreement between two runs (SPEC 4: stability of the taxonomy across corpora).
+"""Regime agreement between two runs (method §7: stability of the taxonomy across corpora).
 
 Two runs' regimes are compared head by head (the inputs are aligned by (layer, head)):
 the share of heads with the same regime and Cohen's kappa,
@@ -57,7 +57,7 @@ def cohens_kappa(labels_a: Sequence[str], labels_b: Sequence[str]) -> float:
 
 
 def regime_agreement(regimes_a: Sequence[str], regimes_b: Sequence[str]) -> RegimeAgreement:
-    """Share of heads with equal regime, Cohen's kappa and the confusion counts (SPEC 4).
+    """Share of heads with equal regime, Cohen's kappa and the confusion counts (method §7).
 
     ``regimes_a[i]`` and ``regimes_b[i]`` are the regimes of the same (layer, head) in two
     runs. The confusion table lists every pair of the three regimes (plus any other

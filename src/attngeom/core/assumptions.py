@@ -1,11 +1,11 @@
-"""Diagnostics of the regularities behind the bounds (SPEC 5, "assumption diagnostics").
+"""Diagnostics of the regularities behind the bounds (method §8, "assumption diagnostics").
 
 The paper motivates its bounds with three empirical regularities; this module
 measures each per (layer, head) instead of assuming it:
 
 (a) stable non-sink value norms with a compressed sink: ``norm_cv`` = std / mean of
     ``||v_j||`` over j >= 1 (population std) per window, and ``sink_norm_ratio`` =
-    mean_{j>=1} ||v_j|| / ||v_0|| per window (SPEC 3's ``norm_ratio``), each averaged
+    mean_{j>=1} ||v_j|| / ||v_0|| per window (the method's ``norm_ratio``), each averaged
     over the windows where it is defined;
 (b) exponential decay of value cosines with distance: ``cos(v_i, v_j) ~ exp(-|i-j| /
     lambda)`` over the non-sink pairs 1 <= i < j (pairs with a zero vector left out),
@@ -68,7 +68,7 @@ def norm_statistics(stats: ValueStats) -> dict[str, torch.Tensor]:
 
 
 def cosine_by_distance(stats: ValueStats) -> dict[str, torch.Tensor]:
-    """Sums of non-sink pair cosines by distance, for the decay fit (SPEC 5 (b)).
+    """Sums of non-sink pair cosines by distance, for the decay fit (method §8 (b)).
 
     Shapes: -> ``cos_sum``, ``count`` (G, T) float64 indexed by distance |i - j|
     (entry 0 unused), ``negative`` (G,) float64 count of negative cosines.
@@ -141,7 +141,7 @@ def attention_profile_masses(
     alpha: torch.Tensor, universe: torch.Tensor, query_positions: torch.Tensor,
     *, recent: int = 16, sink_width: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """Attention mass on the sink, the middle and the recent keys of each row (SPEC 5 (c)).
+    """Attention mass on the sink, the middle and the recent keys of each row (method §8 (c)).
 
     Shapes: alpha, universe (H, Q, T), query_positions (Q,) -> ``mass_sink``,
     ``mass_middle``, ``mass_recent`` (H, Q) float64 and ``valid`` (H, Q) (>= 2 keys seen).
@@ -185,7 +185,7 @@ class _AssumLayer:
 
 
 class AssumptionsAccumulator(Accumulator):
-    """Streaming assumption diagnostics for table ``assumptions`` (SPEC 5); merge exact.
+    """Streaming assumption diagnostics for table ``assumptions`` (method §8); merge exact.
 
     ``recent`` is the width of the recent stretch (keys with |t - j| < recent) and
     ``sink_width`` that of the sink peak (positions < sink_width) in the mass profile.

@@ -1,6 +1,6 @@
 """What every analysis of one (window, layer) sees: attention rows and value statistics.
 
-SPEC 8: every quantity of SPEC 2-5 follows from the attention rows of the analysed
+method §11: every quantity of method §4-§8 follows from the attention rows of the analysed
 queries, the value norms and the value Gram matrix of each kv head. ``ValueStats``
 computes the norms and the Gram matrix once per (window, layer), in float64, and is
 shared by every query chunk and every accumulator of that layer; ``AttentionBatch``
@@ -139,7 +139,7 @@ class AttentionBatch:
         return self._kv_of_head
 
     def universe(self, exclude_sink: bool = False) -> Tensor:
-        """(H, Q, T) bool: the keys of each row's universe (SPEC 2)."""
+        """(H, Q, T) bool: the keys of each row's universe (method §4)."""
         u = self.visible.expand(self.num_heads, -1, -1).clone()
         if exclude_sink:
             u[..., 0] = False

@@ -1,6 +1,6 @@
-"""Certified separability bounds and the constant-norm envelope (SPEC 5).
+"""Certified separability bounds and the constant-norm envelope (method §8).
 
-SPEC 5 writes every comparison of the Euclidean metrics as a comparison of
+method §8 writes every comparison of the Euclidean metrics as a comparison of
 ``g[u] = 2 alpha_u <v_u, s> - alpha_u^2 ||v_u||^2`` (larger g = closer to the aggregate
 ``s`` of the selected set). Expanding ``<v_u, s>`` leaves only the alphas, the value
 norms and the cosines between value vectors; replacing every cosine by a bound gives
@@ -20,7 +20,7 @@ sink not in I::
     U[j] = 2 a_j (mu S + c_hi A0) - a_j^2
     U[0] = 2 c_hi a_0 S - a_0^2
 
-so one prefix sum over the rule's order serves each N in O(T) (SPEC 8): no N x T x T
+so one prefix sum over the rule's order serves each N in O(T) (method §11): no N x T x T
 tensor. Every comparison is made with a slack of ``1e-10 (sum_u a_u)^2`` against the
 bound (a selected token counts only if it beats the unselected ones by more than the
 rounding of g itself), so a bound measured with mu, c_lo, c_hi taken from the window
@@ -31,7 +31,7 @@ but pairs with a zero vector are left out of ``mu``, ``c_lo`` and ``c_hi``: thei
 product is 0 whatever bound is used, so they constrain nothing (a window without any
 measurable pair gets ``mu = c_lo = c_hi = 0``).
 
-The constant-norm envelope (SPEC 5, "the theory's prediction") applies the same
+The constant-norm envelope (method §8, "constant-norm envelope") applies the same
 formulas to a synthetic row: the head's alpha profile, non-sink norms 1, sink norm
 1 / kappa, coherence mu and one sink cosine. ``BoundsAccumulator`` fits kappa, mu and the
 sink cosine per head, reports the envelope against N and how often the fitted
@@ -83,7 +83,7 @@ def cosine_matrix(stats: ValueStats) -> Tensor:
 
 
 class WindowConstants(NamedTuple):
-    """Per kv head angle constants of one window (SPEC 5), each (G,) float64."""
+    """Per kv head angle constants of one window (method §8), each (G,) float64."""
 
     mu: Tensor
     c_lo: Tensor
@@ -91,7 +91,7 @@ class WindowConstants(NamedTuple):
 
 
 def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> WindowConstants:
-    """Measure mu, c_lo, c_hi per kv head on one window, so that SPEC 5's assumptions hold.
+    """Measure mu, c_lo, c_hi per kv head on one window, so that the method's assumptions hold.
 
     ``mu = max_{a != b, a, b >= 1} |cos(v_a, v_b)|``, ``c_lo / c_hi = min / max_{b >= 1}
     cos(v_0, v_b)``. ``exclude`` (T,) bool leaves positions out (e.g. keys that are in no
@@ -144,7 +144,7 @@ def _bound_rows(
     c_lo: Tensor,
     c_hi: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The SPEC 5 bound on rows already sorted by the selection rule.
+    """The method §8 bound on rows already sorted by the selection rule.
 
     a (..., T) float64 contribution lengths ``alpha_u ||v_u||`` in rule order; is_sink
     (..., T) bool marks the sink's slot (if it is in the universe); usize (...,) the
@@ -217,7 +217,7 @@ def certified_bounds(
     c_lo: Tensor,
     c_hi: Tensor,
 ) -> dict[str, Tensor]:
-    """Deterministic lower bounds on Precision, Recall and F per query and N (SPEC 5).
+    """Deterministic lower bounds on Precision, Recall and F per query and N (method §8).
 
     They hold whenever ``|cos| <= mu`` on non-sink pairs and ``c_lo <= cos(v_0, v_b) <=
     c_hi``; with the constants of :func:`window_constants` they never exceed the measured
@@ -280,7 +280,7 @@ def certified_bounds(
 
 
 def inversion_bounds(inversions: Tensor, n: Tensor | int) -> tuple[Tensor, Tensor]:
-    """SPEC 2's inversion bounds ``P >= N / (N + GInv)``, ``R >= max(0, 1 - GInv / N)``.
+    """the method's inversion bounds ``P >= N / (N + GInv)``, ``R >= max(0, 1 - GInv / N)``.
 
     Shapes: inversions (...) float (NaN where undefined, which propagates), n broadcast
     to it (e.g. (NN,) against (K, H, Q, NN)) -> two float64 tensors of the broadcast shape.
@@ -302,7 +302,7 @@ def constant_norm_envelope(
     mu: Tensor | float,
     sink_cos: Tensor | float | tuple[Tensor | float, Tensor | float],
 ) -> dict[str, Tensor]:
-    """P, R, F envelopes against N in the constant-norm regime (SPEC 5).
+    """P, R, F envelopes against N in the constant-norm regime (method §8).
 
     The synthetic row: ``alpha_profile[..., 0]`` is the sink's attention, entries 1..
     the non-sink attention (the accumulator uses the head's mean sink mass and mean
@@ -413,7 +413,7 @@ def _pad(x: np.ndarray, width: int) -> np.ndarray:
 
 
 class BoundsAccumulator(Accumulator):
-    """Streaming fit of kappa, mu and the sink cosine per head, and the envelope (SPEC 5).
+    """Streaming fit of kappa, mu and the sink cosine per head, and the envelope (method §8).
 
     Fits, pooled over every analysed window of a layer (value statistics counted once
     per (window, layer) however many query chunks arrive):

@@ -1,4 +1,4 @@
-"""Top-N geometric Precision, Recall, F_N, margin and inversions (SPEC 2, computed as SPEC 8).
+"""Top-N geometric Precision, Recall, F_N, margin and inversions (method §4, fast as §11).
 
 For a query row with universe U and selected set I (the first N keys of a rule's
 order), every metric compares distances D[u] = dist(y_u, s_N) with y_u = alpha_u v_u
@@ -11,7 +11,7 @@ G of the row's kv head,
 
 and every comparison the metrics make is a comparison of a "closeness" score with
 the sign flipped: g for the Euclidean distance (never D, which loses the small
-alphas to cancellation, SPEC 8), the cosine similarity for the cosine distance.
+alphas to cancellation, method §11), the cosine similarity for the cosine distance.
 One cumulative sum over the first N_max sorted keys serves every N of the grid at
 once; the work per row is O(T * N_max) and rows are processed in chunks.
 
@@ -89,7 +89,7 @@ def select_order(
     layer: int = 0,
     head_index: Tensor | None = None,
 ) -> Tensor:
-    """(K, H, Q, T) int64 key order of every row under a selection rule (SPEC 2).
+    """(K, H, Q, T) int64 key order of every row under a selection rule (method §4).
 
     Universe keys come first, in rule order; ties go to the smaller position (stable
     sorts). ``alpha`` is (H, Q, T) float64 with non-finite entries already zeroed,
@@ -136,7 +136,7 @@ def topn_metrics(
     chunk_rows: int | None = None,
     head_index: Tensor | None = None,
 ) -> TopNMetrics:
-    """Geometric P_N, R_N, F_N, margin and inversions of every row and N (SPEC 2).
+    """Geometric P_N, R_N, F_N, margin and inversions of every row and N (method §4).
 
     ``alpha`` (H, Q, T) probabilities of the analysed rows, ``values`` (G, T, d)
     (or a prepared ``stats``), ``visible`` (H or 1, Q, T) bool (default: causal from
@@ -256,7 +256,7 @@ def _from_closeness(
     kmask: Tensor,
     euclidean: bool,
 ) -> dict[str, Tensor]:
-    """SPEC 2 metrics from closeness scores (larger = nearer the aggregate).
+    """method §4 metrics from closeness scores (larger = nearer the aggregate).
 
     ``close`` (G, M, NN, C) over C keys, ``selected`` / ``unselected`` masks broadcast
     to it, ``close_sel`` (G, M, NN, N_max) the scores of the sorted selected keys,

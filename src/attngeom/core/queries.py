@@ -1,4 +1,4 @@
-"""Which query positions of a window are analysed (SPEC 2, "Query positions")."""
+"""Which query positions of a window are analysed (method §3)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from attngeom.validate import parse_query_mode
 def query_positions(
     mode: str, num_tokens: int, *, causal: bool = True, special: Tensor | None = None
 ) -> Tensor:
-    """(Q,) int64 analysed positions of a window of ``num_tokens`` tokens (SPEC 2).
+    """(Q,) int64 analysed positions of a window of ``num_tokens`` tokens (method §4).
 
     Queries are content positions: ``special`` (T,) bool marks positions that are
     never analysed (frame and document-boundary tokens; they stay keys). ``final`` is

@@ -1,4 +1,4 @@
-"""Counter-based randomness for the random-selection control (SPEC 2).
+"""Counter-based randomness for the random-selection control (method §4).
 
 The control must be reproducible bit for bit from the seed and must not depend on
 the order in which windows, layers, heads or queries are processed (so that shards

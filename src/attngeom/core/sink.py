@@ -1,9 +1,9 @@
-"""Sink geometry (SPEC 3): the first token's value, its attention mass, its rank.
+"""Sink geometry (method §6): the first token's value, its attention mass, its rank.
 
 The paper reports the sink's value norm several times smaller than the other tokens'
 and systematically negatively aligned with them, while it soaks up much of the
 attention. This module measures that per (layer, head) from the attention rows, the
-value norms and the value Gram matrix only (SPEC 8), and also looks for *other* sinks
+value norms and the value Gram matrix only (method §11), and also looks for *other* sinks
 (a separator inside the window, the first "." or newline, BERT's [SEP]) by token
 identity instead of assuming position 0 is the only one.
 
@@ -67,7 +67,7 @@ MIXED_TOKEN = -1  # the ``token_id`` of the position-0 line when windows start d
 
 
 def sink_value_stats(stats: ValueStats) -> dict[str, Tensor]:
-    """Value-side sink statistics of one window per kv head (SPEC 3).
+    """Value-side sink statistics of one window per kv head (method §6).
 
     Shapes: stats of values (G, T, d) -> ``norm_ratio``, ``sink_cos_mean``,
     ``sink_cos_pairwise`` each (G,) float64 (NaN when T < 2; ``norm_ratio`` NaN when the
@@ -97,7 +97,7 @@ def sink_value_stats(stats: ValueStats) -> dict[str, Tensor]:
 def sink_query_stats(
     alpha: Tensor, universe: Tensor, n_grid: Sequence[int]
 ) -> dict[str, Tensor]:
-    """Query-side sink statistics of a chunk of rows (SPEC 3).
+    """Query-side sink statistics of a chunk of rows (method §6).
 
     Shapes: alpha (H, Q, T), universe (H, Q, T) bool -> ``sink_mass`` (H, Q) float64,
     ``mass_valid`` (H, Q) bool (>= 2 visible keys), ``in_top_n`` and ``top_valid``
@@ -153,7 +153,7 @@ def sink_pair_sums(
     alpha: Tensor, universe: Tensor, query_positions: Tensor, *,
     min_distance: int = MIN_SINK_DISTANCE,
 ) -> dict[str, Tensor]:
-    """Per key, the sums behind the by-token sink detector (SPEC 3, "other sinks").
+    """Per key, the sums behind the by-token sink detector (method §6, "other sinks").
 
     A (t, j) pair counts when j is in row t's universe, the row sees >= 2 keys with
     finite alphas and ``|t - j| >= min_distance``. Shapes: alpha, universe (H, Q, T),
@@ -209,7 +209,7 @@ class _TokenSums:
 
 
 class SinkAccumulator(Accumulator):
-    """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (SPEC 3).
+    """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (method §6).
 
     ``update`` accepts query chunks of one (window, layer) in any number and order (the
     value statistics are taken once per window); ``merge`` adds a shard with disjoint

@@ -1,4 +1,4 @@
-"""Window-level bootstrap confidence intervals (SPEC 2, "Aggregation").
+"""Window-level bootstrap confidence intervals (method §5).
 
 Windows are the independent units: per-window means are resampled with
 replacement, and every group (layer, head, rule, N, ...) of one run is resampled

@@ -1,4 +1,4 @@
-"""Head taxonomy by source winner (SPEC 4): Retriever, Mixer, Reset.
+"""Head taxonomy by source winner (method §7): Retriever, Mixer, Reset.
 
 For each counted query t >= 1 the winner is the key with the largest contribution,
 ``w_t = argmax_{j in U_t} alpha[t, j] ||v_j||`` (ties to the smaller position), classed
@@ -18,7 +18,7 @@ share, and the **label stability**, the share of window-bootstrap resamples in w
 the head keeps its label (in ``final`` mode a label rests on one winner per window).
 
 The geometric signature uses the head output ``z_t = sum_j alpha[t, j] v_j`` only
-through inner products, read off the Gram matrix (SPEC 8):
+through inner products, read off the Gram matrix (method §11):
 ``<z_t, v_0> = sum_j alpha_j G[j, 0]``, ``<z_t, v_t> = sum_j alpha_j G[j, t]`` and
 ``||z_t||^2 = alpha^T G alpha``. The last costs O(T^2) per row; when the head dimension
 d is smaller than T it is computed as ``||alpha V||^2`` instead (O(T d), the same number
@@ -88,7 +88,7 @@ def source_winners(alpha: Tensor, norms: Tensor, universe: Tensor) -> Tensor:
 def output_inner_products(
     alpha: Tensor, stats: ValueStats, kv_of_head: Tensor, query_positions: Tensor
 ) -> dict[str, Tensor]:
-    """``<z_t, v_0>``, ``<z_t, v_t>`` and ``||z_t||^2`` of each head output (SPEC 4).
+    """``<z_t, v_0>``, ``<z_t, v_t>`` and ``||z_t||^2`` of each head output (method §7).
 
     Shapes: alpha (H, Q, T), query_positions (Q,) -> ``z_sink``, ``z_self``, ``z_sq``
     each (H, Q) float64.
@@ -115,7 +115,7 @@ def output_inner_products(
 
 
 def taxonomy_rows(batch: AttentionBatch) -> dict[str, Tensor]:
-    """Per analysed row: validity, winner, class, offset, alignments, output norm (SPEC 4).
+    """Per analysed row: validity, winner, class, offset, alignments, output norm (method §7).
 
     Shapes: -> ``valid`` (H, Q) bool (t >= 1, a non-empty universe, finite alphas),
     ``winner`` (H, Q) int64, ``cls`` (H, Q) int64 (0 self, 1 sink, 2 other), ``offset`` (H, Q) int64
@@ -145,7 +145,7 @@ def taxonomy_rows(batch: AttentionBatch) -> dict[str, Tensor]:
 
 
 def classify_regime(n_self: np.ndarray, n_sink: np.ndarray, n_third: np.ndarray) -> np.ndarray:
-    """Regime per head from the three source scores; ties Retriever > Mixer > Reset (SPEC 4).
+    """Regime per head from the three source scores; ties Retriever > Mixer > Reset (method §7).
 
     ``n_third`` is ``n_top`` (the count of the most frequent single other source) under
     the single-source rule, or ``n_other`` (every other winner) under the lumped rule.
@@ -221,7 +221,7 @@ def _other_sources(records: list[np.ndarray]) -> np.ndarray:
 
 
 def _best_source(sources: np.ndarray, num_heads: int):
-    """Per head the most frequent single other source (SPEC 4): count, kind, key.
+    """Per head the most frequent single other source (method §7): count, kind, key.
 
     An offset (kind 0) wins a tie against a position (kind 1); among offsets the
     smallest |offset| then the smaller one wins, among positions the smaller one.
@@ -272,7 +272,7 @@ def _resampled_top(sources_w: list[tuple[int, np.ndarray]], weights: np.ndarray,
 
 
 class TaxonomyAccumulator(Accumulator):
-    """Streaming head taxonomy for table ``taxonomy`` (SPEC 4); merge exact.
+    """Streaming head taxonomy for table ``taxonomy`` (method §7); merge exact.
 
     ``counted``: ``"final"`` counts every analysed query (one per window in ``final``
     mode), ``"half"`` only queries t >= T/2 (``all`` and ``stride`` modes: early

@@ -1,4 +1,4 @@
-"""Measured separability beside its certified bounds and the constant-norm envelope (SPEC 5).
+"""Measured separability beside its certified bounds and the constant-norm envelope (method §8).
 
 Reads ``bounds.parquet`` (``n``, ``<m>_measured``, ``<m>_envelope``,
 ``largest_certified_n`` per layer and head) and, where given, ``metrics.parquet``
@@ -26,7 +26,7 @@ def fig_bounds(bounds, metrics=None, *, metric: str = "f_score", model=None, cor
     Each curve is the mean over heads (of ``layer`` only, when given); the band
     around the measurement is the interquartile range over heads. A dotted vertical
     line marks the median over heads of ``largest_certified_n``. For F the inversion
-    bound is the harmonic mean of the precision and recall inversion bounds (SPEC 2:
+    bound is the harmonic mean of the precision and recall inversion bounds (method §4:
     F is increasing in both). ``Drawn.lines`` keys:
     ``measured``, ``envelope``, ``certified`` and ``inversion`` (the last two only
     with ``metrics`` holding non-NaN bound columns).

@@ -1,4 +1,4 @@
-"""Interventions (SPEC 6): pruning curves, the single-head scan, top-N restriction."""
+"""Interventions (method §9): pruning curves, the single-head scan, top-N restriction."""
 
 from __future__ import annotations
 

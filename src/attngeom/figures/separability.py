@@ -1,4 +1,4 @@
-"""Top-N separability curves (SPEC 2): P_N, R_N, F_N against N by selection rule.
+"""Top-N separability curves (method §4): P_N, R_N, F_N against N by selection rule.
 
 All functions read ``summary.parquet`` (columns ``model, corpus, scope, layer, head,
 rule, variant, distance, n, metric, mean, ci_low, ci_high, trivial``): the mean over
@@ -66,7 +66,7 @@ def fig_topn_curves(summary, *, metric: str = "f_score", model=None, corpus=None
                     layer: int = -1, head: int = -1, variant: str = "full",
                     distance: str = "euclidean", rules=None, ax=None, legend: bool = True,
                     title: str | None = None) -> Drawn:
-    """``metric`` against N for each selection rule, with bootstrap bands (SPEC 2).
+    """``metric`` against N for each selection rule, with bootstrap bands (method §4).
 
     ``layer=-1`` draws the model-scope rows, ``layer=l`` the layer-scope rows of layer
     l and ``layer=l, head=h`` one head. ``Drawn.lines`` / ``bands`` are keyed by rule.
@@ -139,7 +139,7 @@ def fig_topn_by_layer(summary, *, n: int, metric: str = "f_score", model=None, c
 def fig_sink_variant(summary, *, metric: str = "f_score", rule: str = "attention",
                      model=None, corpus=None, distance: str = "euclidean", ax=None,
                      legend: bool = True) -> Drawn:
-    """``metric`` against N with the sink in the universe and with it excluded (SPEC 3).
+    """``metric`` against N with the sink in the universe and with it excluded (method §6).
 
     Model-scope rows of ``summary`` for one rule; ``Drawn.lines`` keyed by variant
     (``full``, ``no_sink``).

@@ -1,4 +1,4 @@
-"""Sink geometry by layer and head (SPEC 3), from ``sink.parquet``.
+"""Sink geometry by layer and head (method §6), from ``sink.parquet``.
 
 ``sink.parquet`` has one row per (layer, head, n); the value-norm statistics do
 not depend on n, so the heat maps average over the n rows of a head (which are

@@ -1,4 +1,4 @@
-"""Head taxonomy (SPEC 4) from ``taxonomy.parquet``: regimes and source-winner fractions.
+"""Head taxonomy (method §7) from ``taxonomy.parquet``: regimes and source-winner fractions.
 
 Columns read: ``layer, head, regime`` (Retriever | Mixer | Reset | none),
 ``stability`` (label stability, where present) and ``f_self, f_sink, f_other``.

@@ -1,4 +1,4 @@
-"""attngeom.interventions: head gates, top-N restriction, rankers and perplexity (SPEC 6).
+"""attngeom.interventions: head gates, top-N restriction, rankers and perplexity (method §9).
 
 The names below load lazily from their modules (``gates``, ``restriction``,
 ``perplexity``, ``rankers``, ``sweeps``), so importing the package is cheap.

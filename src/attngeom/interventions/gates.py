@@ -1,6 +1,6 @@
-"""Head gates: scale or remove each attention head's contribution (SPEC 6).
+"""Head gates: scale or remove each attention head's contribution (method §9).
 
-SPEC 6 removes a head by zeroing its slice of the input to the attention output
+method §9 removes a head by zeroing its slice of the input to the attention output
 projection (o_proj / c_proj / dense / out_proj by architecture): that input is the
 concatenation of the heads' outputs, so slice ``h`` (features ``h*d .. (h+1)*d``)
 is exactly head ``h``'s contribution and nothing else. A gate generalises this:
@@ -118,7 +118,7 @@ def window_gates(model: nn.Module, num_windows: int) -> Iterator[Tensor]:
 def head_gates(
     model: nn.Module, gates: Tensor | None = None, *, differentiable: bool = False
 ) -> Iterator[Tensor]:
-    """Scale each head's output by a gate while the context is open (SPEC 6).
+    """Scale each head's output by a gate while the context is open (method §9).
 
     Args:
         model: any model :func:`attngeom.capture.attention_output_projections` supports.
@@ -182,7 +182,7 @@ def gates_for_heads(model: nn.Module, heads: Iterable[tuple[int, int]]) -> Tenso
 
 @contextmanager
 def remove_heads(model: nn.Module, heads: Iterable[tuple[int, int]]) -> Iterator[Tensor]:
-    """Remove the listed ``(layer, head)`` pairs while the context is open (SPEC 6).
+    """Remove the listed ``(layer, head)`` pairs while the context is open (method §9).
 
     Shorthand for :func:`head_gates` with zeros at ``heads``; yields the gates.
 

@@ -1,6 +1,6 @@
-"""Next-token NLL and perplexity of a causal LM over windows (SPEC 6).
+"""Next-token NLL and perplexity of a causal LM over windows (method §9).
 
-Every intervention of SPEC 6 is judged by the change of the mean next-token
+Every intervention of method §9 is judged by the change of the mean next-token
 negative log-likelihood on held-out windows. One window of T tokens predicts
 T - 1 tokens (positions 1..T-1 from their prefixes), exactly the tokens that
 ``model(input_ids, labels=input_ids).loss`` averages over; over several windows
@@ -55,7 +55,7 @@ class NLLResult:
 
 
 def relative_delta(nll: float, base: float) -> float:
-    """SPEC 6 relative delta-NLL, ``(nll - base) / base``."""
+    """method §9 relative delta-NLL, ``(nll - base) / base``."""
     return (nll - base) / base
 
 
@@ -123,7 +123,7 @@ def _nll_sum(model: nn.Module, input_ids: Tensor, batch_size: int) -> float:
 
 
 def evaluate_nll(model: nn.Module, input_ids: Tensor, *, batch_size: int = 8) -> NLLResult:
-    """Mean next-token NLL per predicted token over windows, and its perplexity (SPEC 6).
+    """Mean next-token NLL per predicted token over windows, and its perplexity (method §9).
 
     Args:
         model: a causal LM (``model_layout(model).is_causal``), evaluated as it is
@@ -180,7 +180,7 @@ def head_removal_sums(model: nn.Module, batch: Tensor) -> tuple[float, Tensor]:
 def head_removal_nll(
     model: nn.Module, input_ids: Tensor, *, batch_size: int = 8
 ) -> tuple[NLLResult, Tensor]:
-    """NLL with all heads, and with each head removed alone (SPEC 6 single-head scan).
+    """NLL with all heads, and with each head removed alone (method §9 single-head scan).
 
     Returns:
         ``(base, nll)``: the unmodified model's :class:`NLLResult` and an (L, H)

@@ -1,6 +1,6 @@
-"""Head rankers: orders of heads from first-to-remove to last (SPEC 6), and their registry.
+"""Head rankers: orders of heads from first-to-remove to last (method §9), and their registry.
 
-SPEC 6 compares the geometric taxonomy (SPEC 4) as a pruning order with the
+method §9 compares the geometric taxonomy (method §7) as a pruning order with the
 usual baselines. Every ranker returns a :class:`HeadRanking`: all L * H heads,
 first to remove first, and the per-head score the order came from.
 
@@ -166,10 +166,10 @@ def taxonomy_ranking(
     num_layers: int | None = None,
     num_heads: int | None = None,
 ) -> HeadRanking:
-    """Order heads by regime (in ``order``), then ascending mean output norm (SPEC 6).
+    """Order heads by regime (in ``order``), then ascending mean output norm (method §9).
 
     Args:
-        table: per-head taxonomy rows (SPEC 4, ``taxonomy.parquet``) with columns
+        table: per-head taxonomy rows (method §7, ``taxonomy.parquet``) with columns
             ``layer, head, regime, mean_output_norm``; one row per head.
         order: the regime class order, first-removed first; a permutation of
             ("Mixer", "Reset", "Retriever"). Regime ``none`` always comes last.
@@ -206,7 +206,7 @@ def taxonomy_ranking(
 
 
 def magnitude_ranking(model: nn.Module) -> HeadRanking:
-    """Order heads by ascending ``||W_V[g]||_F * ||W_O[:, h]||_F`` (SPEC 6).
+    """Order heads by ascending ``||W_V[g]||_F * ||W_O[:, h]||_F`` (method §9).
 
     ``W_V[g]`` are the value-projection rows of the kv head g that serves query
     head h (h // (H / G)); ``W_O[:, h]`` the output-projection columns fed by head
@@ -223,7 +223,7 @@ def magnitude_ranking(model: nn.Module) -> HeadRanking:
 
 
 def random_ranking(model: nn.Module, *, seed: int = 0) -> HeadRanking:
-    """A uniformly random order of heads, reproducible from ``seed`` (SPEC 6 control).
+    """A uniformly random order of heads, reproducible from ``seed`` (method §9 control).
 
     ``scores`` are the uniform draws the order sorts by (ascending).
     """
@@ -388,7 +388,7 @@ def ranking_stats(name: str, model: nn.Module, rank_ids: Tensor, *,
 
 
 def entropy_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
-    """Order heads by descending mean attention entropy over the ranking windows (SPEC 6).
+    """Order heads by descending mean attention entropy over the ranking windows (method §9).
 
     Entropy of a row is ``-sum_j alpha[t, j] ln alpha[t, j]`` (nats) over the visible
     keys, averaged over every query row of every window; diffuse heads go first.
@@ -410,7 +410,7 @@ def gradient_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8)
 
 
 def sensitivity_ranking(model: nn.Module, rank_ids: Tensor, *, batch_size: int = 8) -> HeadRanking:
-    """Order heads by ascending single-head removal relative delta-NLL (SPEC 6 oracle).
+    """Order heads by ascending single-head removal relative delta-NLL (method §9 oracle).
 
     ``scores[l, h] = (nll without head (l, h) - nll) / nll`` on the ranking windows;
     costs L * H + 1 passes over them.
@@ -429,7 +429,7 @@ def rank_heads(
     order: Sequence[str] | str = DEFAULT_ORDER,
     batch_size: int = 8,
 ) -> HeadRanking:
-    """Run the ranker called ``name`` (one of ``RANKERS``) on ``model`` (SPEC 6).
+    """Run the ranker called ``name`` (one of ``RANKERS``) on ``model`` (method §9).
 
     ``rank_ids`` are read by the rankers with per-batch statistics (entropy, gradient,
     sensitivity); ``taxonomy`` and ``order`` by taxonomy; ``seed`` by random.

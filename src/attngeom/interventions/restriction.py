@@ -1,8 +1,8 @@
-"""Top-N attention restriction, a geometry-aware sparsification (SPEC 6).
+"""Top-N attention restriction, a geometry-aware sparsification (method §9).
 
 Inside ``restrict_topn(model, n, ...)`` each selected head keeps only the n
 largest visible attention probabilities of every query row (ties to the
-smaller position, as every SPEC 2 rule), optionally renormalised to sum to one,
+smaller position, as every method §4 rule), optionally renormalised to sum to one,
 and its output is recomputed from the modified probabilities. It runs on the
 same registered attention function as capture (``attngeom.capture
 .override_attention``): the probabilities come from the model family's own

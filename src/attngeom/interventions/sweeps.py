@@ -1,4 +1,4 @@
-"""Intervention sweeps: pruning by ranker, single-head scan, top-N restriction (SPEC 6).
+"""Intervention sweeps: pruning by ranker, single-head scan, top-N restriction (method §9).
 
 Each sweep is a list of *settings* (a set of removed heads, or a restriction), a
 per-batch kernel that measures the summed next-token NLL of one batch of windows
@@ -79,12 +79,12 @@ WITHIN_GRID, ABOVE_GRID = "within_grid", "above_grid"
 
 
 def heads_to_keep(keep_fraction: float, total_heads: int) -> int:
-    """Global budget of SPEC 6: keep ``round(keep_fraction * total_heads)`` heads."""
+    """Global budget of method §9: keep ``round(keep_fraction * total_heads)`` heads."""
     return int(round(keep_fraction * total_heads))
 
 
 def n_star(ns: Sequence[int], deltas: Sequence[float], tau: float) -> float:
-    """Smallest N of the grid with relative delta-NLL <= tau; NaN if none (SPEC 6 N*_tau).
+    """Smallest N of the grid with relative delta-NLL <= tau; NaN if none (method §9 N*_tau).
 
     NaN here means "above the largest N tried" (``n_star_status`` says so in the table).
     """
@@ -295,7 +295,7 @@ def _measure(model: nn.Module, eval_ids: Tensor, settings, batch_size: int):
 def prune_sweep(model: nn.Module, rankings: Sequence[HeadRanking], eval_ids: Tensor, *,
                 keep_fractions: Sequence[float] = (1.0, 0.9, 0.75, 0.5, 0.25),
                 batch_size: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Prune heads in each ranking's order and measure held-out NLL (SPEC 6 sweep).
+    """Prune heads in each ranking's order and measure held-out NLL (method §9 sweep).
 
     For every ranking (``rankers.rank_heads``) and keep fraction f, the first
     ``L*H - round(f*L*H)`` heads are removed (global budget) and the mean NLL is
@@ -314,7 +314,7 @@ def prune_sweep(model: nn.Module, rankings: Sequence[HeadRanking], eval_ids: Ten
 
 def scan_heads(model: nn.Module, eval_ids: Tensor, *, threshold: float = 0.05,
                batch_size: int = 8) -> pd.DataFrame:
-    """Remove each head alone and report its relative delta-NLL (SPEC 6 single-head scan).
+    """Remove each head alone and report its relative delta-NLL (method §9 single-head scan).
 
     A head is ``critical`` when its relative delta-NLL exceeds ``threshold`` (the paper's
     Gemma-7B layer 0 head 12 breaks the model alone).
@@ -327,7 +327,7 @@ def restrict_sweep(model: nn.Module, eval_ids: Tensor, n_grid: Iterable[int], *,
                    scopes=("model",), renormalize=(True, False), taus=(0.01, 0.05, 0.10),
                    layers=None, heads=None,
                    batch_size: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Top-N restriction over a grid of N, per scope, and the effective set size N* (SPEC 6).
+    """Top-N restriction over a grid of N, per scope, and the effective set size N* (method §9).
 
     See ``restrict_settings`` for the scopes; returns ``(restrict, restrict_nstar)``.
     """

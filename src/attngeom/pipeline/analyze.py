@@ -36,7 +36,7 @@ def analyze_windows(ctx: RunContext, config, windows, *, desc: str = "analyze"):
 
 
 class Analyze(Command):
-    """Top-N geometry, sink, taxonomy, bounds and diagnostics (SPEC 1-5)."""
+    """Top-N geometry, sink, taxonomy, bounds and diagnostics (method §2-§8)."""
 
     name = "analyze"
 

@@ -1,4 +1,4 @@
-"""``attngeom compare``: how stable the regimes are between two runs of one model (SPEC 4).
+"""``attngeom compare``: how stable the regimes are between two runs of one model (method §7).
 
 Agreement and Cohen's kappa over the heads labelled in both runs
 (``core.agreement``), the confusion table, and the label stability of each run:
@@ -16,7 +16,7 @@ from attngeom.names import STABLE
 
 @dataclass
 class Comparison:
-    """Regime stability between two runs (SPEC 4)."""
+    """Regime stability between two runs (method §7)."""
 
     agreement: float
     kappa: float

@@ -1,4 +1,4 @@
-"""Corpora as lists of documents (SPEC 7): local text, JSONL and Parquet, or ``datasets``.
+"""Corpora as lists of documents (method §10): local text, JSONL and Parquet, or ``datasets``.
 
 ``read_documents`` turns a corpus spec into documents plus a ``CorpusInfo`` that
 identifies it (sha256 of the file bytes, or the dataset's fingerprint). Documents

@@ -1,4 +1,4 @@
-"""``prune``, ``scan-heads`` and ``restrict``: perplexity under interventions (SPEC 6).
+"""``prune``, ``scan-heads`` and ``restrict``: perplexity under interventions (method §9).
 
 Each command streams batches of evaluation windows through ``sweeps.nll_sums`` (the
 summed NLL of a batch with the model as it is and under every setting) and adds the

@@ -123,7 +123,7 @@ def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
     """Read the corpus and cut it into windows of ``config.window_length`` tokens.
 
     Returns ``(windows, corpus_info, policy)``; ``policy`` is the document-boundary
-    policy (SPEC 7) the windows follow.
+    policy (method §10) the windows follow.
     """
     from attngeom.pipeline.corpus import read_documents
     from attngeom.pipeline.windows import boundary_policy, make_windows

@@ -33,7 +33,7 @@ class StreamStats:
 
 
 def window_rows(config, windows: Sequence, causal: bool) -> list[torch.Tensor]:
-    """The analysed query positions of each window: content positions only (SPEC 2)."""
+    """The analysed query positions of each window: content positions only (method §4)."""
     num_tokens = int(windows[0].input_ids.shape[-1])
     return [query_positions(config.query_mode, num_tokens, causal=causal,
                             special=getattr(w, "special", None)) for w in windows]
@@ -52,7 +52,7 @@ def stream_windows(
 
     Each window analyses its own content positions; a forward batch captures the union
     of its windows' rows and hands each window only its own. Value statistics live for
-    one layer at a time, so nothing of size T x T outlives its layer (SPEC 8).
+    one layer at a time, so nothing of size T x T outlives its layer (method §11).
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
     with the number of windows each batch finished.
     """
@@ -97,7 +97,7 @@ def stream_windows(
             accumulators.update_many(batches)
 
     start = time.perf_counter()
-    # query rows in chunks keep every T x T-sized temporary bounded (SPEC 8)
+    # query rows in chunks keep every T x T-sized temporary bounded (method §11)
     chunk = config.chunk_size or DEFAULT_CHUNK_ROWS
     with torch.inference_mode():
         for i in range(0, len(windows), config.batch_size):

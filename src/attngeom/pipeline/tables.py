@@ -1,4 +1,4 @@
-"""From accumulator columns to the run's tidy tables (SPEC 2 "Aggregation", SPEC 3, 5).
+"""From accumulator columns to the run's tidy tables (method §5, §6, §8).
 
 ``summary`` is built from the per-window rows of ``metrics`` alone, so any other
 aggregate can be recomputed from the stored table the same way.
@@ -104,7 +104,7 @@ def _token_text(tokenizer, token_id: int, special: set[int]) -> str:
 
 
 def sink_table(sink, effect):
-    """SPEC 3 sink statistics joined with the F_N split by whether the sink was selected.
+    """method §6 sink statistics joined with the F_N split by whether the sink was selected.
 
     The split is averaged per window (over the queries of each kind), then over the
     windows where that kind occurred.
@@ -123,7 +123,7 @@ def sink_table(sink, effect):
 
 
 def bounds_table(bounds, summary):
-    """The constant-norm envelope beside the measured attention-rule metrics (SPEC 5)."""
+    """The constant-norm envelope beside the measured attention-rule metrics (method §8)."""
     if bounds is None or summary is None or summary.empty:
         return bounds
     sel = summary[

@@ -1,4 +1,4 @@
-"""Token windows of exactly T tokens cut from a list of documents (SPEC 7).
+"""Token windows of exactly T tokens cut from a list of documents (method §10).
 
 Document boundaries follow the model's own training convention, decided from its
 tokenizer (``boundary_policy``), because a token the model never saw between
@@ -31,7 +31,7 @@ dropped. Window ``i`` is always the same tokens for the same documents, tokenize
 policy and ``T``, so shards (``start_window``/``n_windows``) and resumed runs agree
 with a single run, and ``window_fingerprint`` can prove it. Each window also marks
 its **special** positions (frame and boundary tokens): queries are content
-positions (SPEC 2), so analyses skip them as queries while keeping them as keys.
+positions (method §4), so analyses skip them as queries while keeping them as keys.
 Tokenising stops as soon as the requested windows are complete.
 """
 
