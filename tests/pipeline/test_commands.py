@@ -167,3 +167,30 @@ def test_check_command_runs_the_self_checks(capsys) -> None:
     code = main(["check", "--model", "/nonexistent/model"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("attngeom check: error:") and "\n" not in err
+
+
+def test_every_command_reports_progress(stories) -> None:
+    """The same progress line for every command: a total and updates that reach it
+    (windows for analyze, forward passes for the perplexity commands)."""
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, unit):
+            self.total, self.desc, self.unit, self.done = total, desc, unit, 0
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            pass
+
+    common = dict(window_length=32, progress=Bar, model_and_tokenizer=stories)
+    api.analyze(n_windows=3, analyses=("taxonomy",), bootstrap=0, **common)
+    api.scan_heads(n_eval_windows=2, **common)
+    api.restrict(n_eval_windows=2, n_grid=(1, 2), **common)
+    api.prune(n_rank_windows=2, n_eval_windows=2, rankers=("taxonomy", "entropy"),
+              keep_fractions=(1.0, 0.5), **common)
+    assert [b.unit for b in bars] == ["window", "pass", "pass", "window", "pass", "pass"]
+    assert all(b.total > 0 and b.done == b.total for b in bars)
+    assert "restrict" in bars[2].desc and "settings" in bars[2].desc
