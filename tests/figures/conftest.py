@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import attngeom_synth
 import pytest
+
+from tests.figures import attngeom_synth
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import matplotlib.image as mpimg
 import pytest
-from attngeom_synth import write_run
 
 from attngeom.errors import RunDirError
 from attngeom.figures import render_all
@@ -12,6 +11,7 @@ from attngeom.figures.render import render_figures
 from attngeom.figures.runtables import load_run
 from attngeom.figures.separability import fig_topn_curves
 from attngeom.figures.style import RC
+from tests.figures.attngeom_synth import write_run
 
 
 def test_partial_run_writes_png_and_pdf(tmp_path):

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-# The synthetic-run writer lives beside the figure tests; share it rather than copy it.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "figures"))
-
-import attngeom_synth  # noqa: E402
+from tests.figures import attngeom_synth
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from headless_chromium import find_chromium, inspect_page
+
+from tests.report.headless_chromium import find_chromium, inspect_page
 
 ROOT = Path(__file__).resolve().parents[2]
 

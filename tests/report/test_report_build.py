@@ -6,11 +6,11 @@ import base64
 import re
 
 import pytest
-from attngeom_synth import ALL_TABLES
 
 from attngeom.errors import RunDirError
 from attngeom.report import build_report
 from attngeom.report.html import fmt
+from tests.figures.attngeom_synth import ALL_TABLES
 
 ALL_FIGURES = ("topn_model", "topn_by_layer", "topn_depth", "sink_geometry", "sink_effect",
                "regimes", "source_fractions", "bounds", "pruning", "head_scan", "restrict")

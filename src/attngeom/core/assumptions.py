@@ -204,12 +204,7 @@ class AssumptionsAccumulator(Accumulator):
         self._seen: set[tuple[int, int]] = set()
 
     def _layer(self, layer: int, num_heads: int) -> _AssumLayer:
-        st = self._layers.get(layer)
-        if st is None:
-            st = self._layers[layer] = _AssumLayer(num_heads)
-        elif st.num_heads != num_heads:
-            raise ConfigError(f"layer {layer}: expected {st.num_heads} heads, got {num_heads}")
-        return st
+        return self._layer_state(layer, num_heads, _AssumLayer)
 
     def update(self, batch: AttentionBatch) -> None:
         """Add one query chunk (value statistics only on a window's first chunk)."""

@@ -451,12 +451,7 @@ class BoundsAccumulator(Accumulator):
         self._seen: set[tuple[int, int]] = set()
 
     def _layer(self, layer: int, num_heads: int) -> _BoundsLayer:
-        state = self._layers.get(layer)
-        if state is None:
-            state = self._layers[layer] = _BoundsLayer(num_heads, self.bins)
-        elif state.num_heads != num_heads:
-            raise ConfigError(f"layer {layer}: expected {state.num_heads} heads, got {num_heads}")
-        return state
+        return self._layer_state(layer, num_heads, lambda h: _BoundsLayer(h, self.bins))
 
     def update(self, batch: AttentionBatch) -> None:
         """Add one query chunk (value statistics only on a window's first chunk)."""

@@ -46,6 +46,17 @@ class Accumulator:
     def compute(self) -> dict[str, Columns]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _layer_state(self, layer: int, num_heads: int, make):
+        """The per-layer state in ``self._layers`` (created by ``make(num_heads)``), checking
+        that every update of a layer has the same number of heads."""
+        layers = self.__dict__.setdefault("_layers", {})
+        state = layers.get(layer)
+        if state is None:
+            state = layers[layer] = make(num_heads)
+        elif state.num_heads != num_heads:
+            raise ConfigError(f"layer {layer}: expected {state.num_heads} heads, got {num_heads}")
+        return state
+
     def _check_mergeable(self, other: Accumulator, **settings) -> None:
         """Raise unless ``other`` is the same kind of accumulator with equal settings."""
         if type(other) is not type(self):

@@ -299,12 +299,7 @@ class TaxonomyAccumulator(Accumulator):
         self._layers: dict[int, _TaxLayer] = {}
 
     def _layer(self, layer: int, num_heads: int) -> _TaxLayer:
-        st = self._layers.get(layer)
-        if st is None:
-            st = self._layers[layer] = _TaxLayer(num_heads)
-        elif st.num_heads != num_heads:
-            raise ConfigError(f"layer {layer}: expected {st.num_heads} heads, got {num_heads}")
-        return st
+        return self._layer_state(layer, num_heads, _TaxLayer)
 
     def update(self, batch: AttentionBatch) -> None:
         """Add one query chunk."""

@@ -66,7 +66,7 @@ def render_figures(run: RunTables, out_dir, formats=("png", "pdf")) -> RenderRes
         source = ("metrics",)
         notes.append("summary.parquet is absent: separability curves are window means "
                      "from metrics.parquet, without bootstrap intervals")
-    groups = _groups(run)
+    groups = run.groups()
     for model, corpus in groups:
         suffix = "" if len(groups) == 1 else f"__{_slug(model)}__{_slug(corpus)}"
         where = f" ({model}, {corpus})" if len(groups) > 1 else ""
@@ -91,13 +91,6 @@ def render_figures(run: RunTables, out_dir, formats=("png", "pdf")) -> RenderRes
     return RenderResult(figures=figures, notes=notes)
 
 
-def _groups(run: RunTables) -> list[tuple[str, str]]:
-    pairs: set[tuple[str, str]] = set()
-    for df in run.tables.values():
-        if len(df) and {"model", "corpus"} <= set(df.columns):
-            pairs |= set(map(tuple, df[["model", "corpus"]].drop_duplicates().astype(str)
-                             .itertuples(index=False)))
-    return sorted(pairs)
 
 
 def _slug(text: str) -> str:

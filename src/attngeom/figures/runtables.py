@@ -37,6 +37,15 @@ class RunTables:
         df = self.tables.get(name)
         return df if df is not None and len(df) > 0 else None
 
+    def groups(self) -> list[tuple[str, str]]:
+        """The (model, corpus) pairs the run's tables hold, sorted."""
+        pairs: set[tuple[str, str]] = set()
+        for df in self.tables.values():
+            if len(df) and {"model", "corpus"} <= set(df.columns):
+                pairs |= set(map(tuple, df[["model", "corpus"]].drop_duplicates().astype(str)
+                                 .itertuples(index=False)))
+        return sorted(pairs)
+
 
 def load_run(run_dir) -> RunTables:
     """Read and check every table of ``run_dir``.

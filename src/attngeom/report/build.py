@@ -113,7 +113,7 @@ def _pdf(figure: RenderedFigure):
 
 def _findings(run: RunTables, summary) -> list[str]:
     out: list[str] = []
-    groups = _groups(run)
+    groups = run.groups()
     for model, corpus in groups:
         label = f"[{model}, {corpus}] " if len(groups) > 1 else ""
 
@@ -131,13 +131,6 @@ def _findings(run: RunTables, summary) -> list[str]:
     return out
 
 
-def _groups(run: RunTables):
-    pairs = set()
-    for df in run.tables.values():
-        if len(df) and {"model", "corpus"} <= set(df.columns):
-            pairs |= set(map(tuple, df[["model", "corpus"]].drop_duplicates().astype(str)
-                             .itertuples(index=False)))
-    return sorted(pairs)
 
 
 def _manifest_section(run: RunTables) -> str:
