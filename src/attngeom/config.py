@@ -78,6 +78,10 @@ class RunConfig:
     device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
     dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
     batch_size: int = option(4, help="windows per forward pass", fingerprint=False)
+    device_map: str | None = option(
+        None, help="'auto': spread a model too large for one GPU over the GPUs of this "
+        "machine (transformers device_map; then one process, not data-parallel)",
+        fingerprint=False)
     text_column: str = option("text", help="text column of .jsonl / .parquet corpora")
     separator: str | None = option(
         None, help="line that separates documents in a .txt corpus (default: "
@@ -138,6 +142,15 @@ class RunConfig:
         for f in fields(self):
             if not f.metadata.get("fingerprint", True):
                 d.pop(f.name, None)
+        return d
+
+    def resume_key(self) -> dict:
+        """What a resumed run must share with the shards it finds: the fingerprint's
+        options and those that cut the work into shards (batch and chunk sizes)."""
+        d = self.fingerprint_dict()
+        d["batch_size"] = self.batch_size
+        if hasattr(self, "chunk_size"):
+            d["chunk_size"] = self.chunk_size
         return d
 
 

@@ -21,6 +21,7 @@ from attngeom.capture.layout import (
     Layout,
     attention_output_projections,
     head_weights,
+    input_device,
     model_layout,
 )
 from attngeom.capture.loading import cache_dir, load_model, load_tokenizer, resolve_source
@@ -40,6 +41,7 @@ __all__ = [
     "check_model",
     "has_override",
     "head_weights",
+    "input_device",
     "load_model",
     "load_tokenizer",
     "model_layout",

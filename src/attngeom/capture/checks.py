@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attngeom.capture.capture import LayerCapture, capture_attention
-from attngeom.capture.layout import model_layout
+from attngeom.capture.layout import input_device, model_layout
 from attngeom.capture.tolerances import Tolerance, tolerance_for
 from attngeom.errors import SelfCheckError
 
@@ -53,7 +53,7 @@ def model_output(output) -> torch.Tensor:
 
 def check_inputs(model: torch.nn.Module, tokenizer=None) -> dict[str, torch.Tensor]:
     """A padded batch of two short inputs: real text if a tokenizer is given, else seeded ids."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     layout = model_layout(model)
     length = min(CHECK_LENGTH, layout.max_positions or CHECK_LENGTH)
     if tokenizer is not None:

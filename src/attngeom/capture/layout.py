@@ -89,6 +89,16 @@ def model_layout(model: torch.nn.Module) -> Layout:
     )
 
 
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's input ids go: its input embedding's device (a model spread over
+    several GPUs with ``device_map`` takes its inputs on the first one)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    return next(model.parameters()).device
+
+
 def attention_output_projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Per layer, the module whose input is the concatenation of the heads' outputs.
 

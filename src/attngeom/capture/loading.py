@@ -191,12 +191,15 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = None,
     tokenizer=None,
+    device_map: str | None = None,
 ):
     """Load ``(model, tokenizer)``, the model in eval mode on ``device`` in ``dtype``.
 
     ``attn_implementation=None`` lets transformers choose (sdpa where the family
     supports it, eager otherwise); capture works with either. ``tokenizer``: one
-    already loaded (``load_tokenizer``), else it is loaded here. Raises
+    already loaded (``load_tokenizer``), else it is loaded here. ``device_map="auto"``
+    spreads a model too large for one device over the GPUs of the machine (transformers
+    with accelerate places the layers; ``device`` is then ignored). Raises
     ``ModelError`` (one line) when the path or hub id cannot be loaded, e.g. a
     missing directory, or a hub id not in the local cache with ``HF_HUB_OFFLINE=1``.
 
@@ -219,6 +222,8 @@ def load_model(
         kwargs = {"dtype": torch_dtype, **src.kwargs()}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
+        if device_map is not None:
+            kwargs["device_map"] = device_map
         with _quiet_loading(transformers, gguf=bool(src.gguf_file)):
             model = cls.from_pretrained(src.source, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
@@ -228,7 +233,8 @@ def load_model(
     if tokenizer is None:
         tokenizer = load_tokenizer(name_or_path)
     try:
-        model = model.to(device)
+        if device_map is None:
+            model = model.to(device)
     except (RuntimeError, AssertionError) as error:
         raise ModelError(
             f"cannot move model {src.name!r} to {device!r}: {_first_line(error)}"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attngeom.capture import attention_output_projections, model_layout
+from attngeom.capture import attention_output_projections, input_device, model_layout
 from attngeom.errors import ConfigError, ModelError, SelfCheckError
 
 __all__ = ["check_gates", "gates_for_heads", "head_gates", "remove_heads", "window_gates"]
@@ -224,7 +224,7 @@ def check_gates(model: nn.Module, input_ids: Tensor | None = None) -> dict[str, 
     """
     layout = model_layout(model)
     name = layout.model_class
-    device = next(model.parameters()).device
+    device = input_device(model)
     if input_ids is None:
         emb = model.get_input_embeddings()
         vocab = int(getattr(emb, "num_embeddings", 0) or emb.weight.shape[0])

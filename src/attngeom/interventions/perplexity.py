@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attngeom.capture import model_layout
+from attngeom.capture import input_device, model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import head_gates
 
@@ -88,7 +88,7 @@ def check_windows(model: nn.Module, input_ids: Tensor, what: str = "input_ids") 
 
 
 def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    return input_device(model)
 
 
 def window_nll(model: nn.Module, batch: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attngeom.capture import capture_attention, head_weights, model_layout
+from attngeom.capture import capture_attention, head_weights, input_device, model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import window_gates
 from attngeom.interventions.perplexity import check_windows, head_removal_sums, window_nll
@@ -250,7 +250,7 @@ def entropy_stats(model: nn.Module, batch: Tensor) -> dict[str, Tensor]:
         total[capture.layer] -= plogp.sum(dim=(0, 2, 3)).cpu()
         rows[capture.layer] += alpha.shape[0] * alpha.shape[2]
 
-    device = next(model.parameters()).device
+    device = input_device(model)
     with torch.no_grad(), capture_attention(model, consumer):
         model(input_ids=batch.to(device))
     return {"entropy": total, "rows": rows}

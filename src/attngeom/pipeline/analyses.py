@@ -140,8 +140,12 @@ class AnalysisSet:
             acc.update_many(batches)
 
     def merge(self, other: AnalysisSet) -> AnalysisSet:
+        return self.merge_items(other.items)
+
+    def merge_items(self, items: dict[str, Accumulator]) -> AnalysisSet:
+        """Add another unit's accumulators (disjoint windows), by analysis name."""
         for name, acc in self.items.items():
-            acc.merge(other.items[name])
+            acc.merge(items[name])
         return self
 
     def frames(self, *, model: str, corpus: str) -> dict:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from attngeom.pipeline.analyses import AnalysisContext, AnalysisSet
-from attngeom.pipeline.progress import Progress
-from attngeom.pipeline.runner import Command, RunContext
-from attngeom.pipeline.stream import grid_report, stream_windows
+from attngeom.pipeline.runner import Command, RunContext, units_of
+from attngeom.pipeline.stream import StreamStats, grid_report, stream_windows
 
 
 def special_ids(tokenizer, policy) -> tuple[int, ...]:
@@ -20,19 +19,31 @@ def special_ids(tokenizer, policy) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids))
 
 
-def analyze_windows(ctx: RunContext, config, windows, *, desc: str = "analyze"):
-    """The tables of ``config``'s analyses over ``windows`` (labelled with the run's names)."""
+def analyze_windows(ctx: RunContext, config, windows, *, stage: str = "analyze",
+                    desc: str = "analyze"):
+    """The tables of ``config``'s analyses over ``windows`` (labelled with the run's names).
+
+    Each batch of windows is one unit: a fresh set of accumulators streams it, and the
+    units' states are merged in window order (``RunContext.run_units``).
+    """
     context = AnalysisContext(tokenizer=ctx.tokenizer,
                               special_ids=special_ids(ctx.tokenizer, ctx.policy))
-    analyses = AnalysisSet.create(config, context)
     tokens = int(windows[0].input_ids.shape[-1])
-    with Progress(len(windows), desc=f"{desc} ({tokens} tok/window)", unit="window",
-                  enabled=ctx.progress) as bar:
-        stream = stream_windows(ctx.model, ctx.layout, windows, config, analyses,
-                                progress=bar.advance)
+
+    def process(unit):
+        part = AnalysisSet.create(config, context)
+        stream = stream_windows(ctx.model, ctx.layout, list(unit.windows), config, part)
+        return {"accumulators": part.items, "stream": stream}
+
+    analyses = AnalysisSet.create(config, context)
+    total = StreamStats()
+    for payload in ctx.run_units(stage, units_of(windows, config.batch_size), process,
+                                 desc=f"{desc} ({tokens} tok/window)"):
+        analyses.merge_items(payload["accumulators"])
+        total.add(payload["stream"])
     t = time.perf_counter()
     frames = analyses.frames(model=ctx.model_label, corpus=ctx.corpus_label)
-    return frames, analyses, stream, time.perf_counter() - t
+    return frames, analyses, total, time.perf_counter() - t
 
 
 class Analyze(Command):

@@ -17,32 +17,30 @@ from attngeom.config import AnalysisConfig
 from attngeom.interventions import sweeps
 from attngeom.interventions.perplexity import NLLResult
 from attngeom.interventions.rankers import DEFAULT_ORDER, RANKERS, add_stats
-from attngeom.pipeline.progress import Progress
-from attngeom.pipeline.runner import Command, RunContext
+from attngeom.pipeline.runner import Command, RunContext, units_of
 
 
 def _stack(windows) -> torch.Tensor:
     return torch.stack([w.input_ids for w in windows])
 
 
-def _batches(ids: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
-    return [ids[s : s + batch_size] for s in range(0, ids.shape[0], batch_size)]
-
-
-def measure(ctx: RunContext, ids: torch.Tensor, settings, desc: str):
-    """Mean NLL per predicted token of the base model and of every setting over ``ids``."""
+def measure(ctx: RunContext, windows, settings, stage: str, desc: str):
+    """Mean NLL per predicted token of the base model and of every setting over
+    ``windows``, a batch of windows per unit, batches added in order."""
     model = ctx.model
-    batches = _batches(ids, ctx.config.batch_size)
-    n_tokens = ids.shape[0] * (ids.shape[1] - 1)
+    n_tokens = len(windows) * (len(windows[0]) - 1)
+
+    def process(unit):
+        with torch.no_grad():
+            return sweeps.nll_sums(model, _stack(unit.windows), settings)
+
     base_total, totals = 0.0, np.zeros(len(settings))
-    passes = len(batches) * (len(settings) + 1)
-    with Progress(passes, desc=f"{desc} ({ids.shape[0]} windows x {len(settings) + 1} "
-                  "settings)", unit="pass", enabled=ctx.progress) as bar, torch.no_grad():
-        for batch in batches:
-            base, sums = sweeps.nll_sums(model, batch, settings)
-            base_total += base
-            totals = totals + sums
-            bar.advance(len(settings) + 1)
+    for base, sums in ctx.run_units(
+            stage, units_of(windows, ctx.config.batch_size), process, unit="pass",
+            weight=lambda u: len(settings) + 1,
+            desc=f"{desc} ({len(windows)} windows x {len(settings) + 1} settings)"):
+        base_total += base
+        totals = totals + sums
     return NLLResult.from_sum(base_total, n_tokens), totals / n_tokens
 
 
@@ -65,7 +63,7 @@ class ScanHeads(Command):
         heads = [(layer, head) for layer in range(layout.num_layers)
                  for head in range(layout.num_heads)]
         settings = [sweeps.removed_heads([h]) for h in heads]
-        base, nll = measure(ctx, _stack(ev), settings, "scan-heads")
+        base, nll = measure(ctx, ev, settings, "scan", "scan-heads")
         table = torch.from_numpy(np.asarray(nll)).reshape(layout.num_layers, layout.num_heads)
         return {"head_scan": sweeps.scan_table(base, table, ctx.config.threshold)}
 
@@ -82,7 +80,7 @@ class Restrict(Command):
         settings = sweeps.restrict_settings(
             ctx.model, cfg.n_grid, scopes=cfg.scopes, renormalize=cfg.renormalize,
             layers=cfg.layers, heads=cfg.heads)
-        base, nll = measure(ctx, _stack(ev), settings, "restrict")
+        base, nll = measure(ctx, ev, settings, "restrict", "restrict")
         restrict, nstar = sweeps.restrict_tables(settings, base, nll, cfg.taus)
         return {"restrict": restrict, "restrict_nstar": nstar}
 
@@ -109,21 +107,23 @@ class Prune(Command):
                 doc_boundary=cfg.doc_boundary, boundary_token=cfg.boundary_token,
                 analyses=("taxonomy",), query_mode="all", model_label=cfg.model_label,
                 corpus_label=cfg.corpus_label)
-            frames, *_ = analyze_windows(ctx, acfg, rank, desc="prune: taxonomy")
+            frames, *_ = analyze_windows(ctx, acfg, rank, stage="taxonomy",
+                                         desc="prune: taxonomy")
             taxonomy = tables["taxonomy"] = frames["taxonomy"]
         stats = {}
-        rank_ids = _stack(rank)
         data = [r for r in cfg.rankers if RANKERS[r].batch_stats is not None]
         if data:
-            batches = _batches(rank_ids, cfg.batch_size)
-            with Progress(len(batches) * len(data), desc=f"prune: rank ({len(rank)} windows)",
-                          unit="pass", enabled=ctx.progress) as bar:
-                ctx.model.eval()
+            ctx.model.eval()
+
+            def process(unit):
+                batch = _stack(unit.windows)
+                return {name: RANKERS[name].batch_stats(ctx.model, batch) for name in data}
+
+            for part in ctx.run_units("rank", units_of(rank, cfg.batch_size), process,
+                                      unit="pass", weight=lambda u: len(data),
+                                      desc=f"prune: rank ({len(rank)} windows)"):
                 for name in data:
-                    for batch in batches:
-                        stats[name] = add_stats(stats.get(name),
-                                                RANKERS[name].batch_stats(ctx.model, batch))
-                        bar.advance()
+                    stats[name] = add_stats(stats.get(name), part[name])
         rankings = []
         orders = cfg.orders or (DEFAULT_ORDER,)
         for name in cfg.rankers:
@@ -134,6 +134,6 @@ class Prune(Command):
                 rankings.append(spec.make(ctx.model, stats=stats.get(name), taxonomy=taxonomy,
                                           **extra))
         settings, rows = sweeps.prune_settings(ctx.model, rankings, cfg.keep_fractions)
-        base, nll = measure(ctx, _stack(ev), settings, "prune: evaluate")
+        base, nll = measure(ctx, ev, settings, "evaluate", "prune: evaluate")
         pruning, rankings_table = sweeps.pruning_tables(rows, base, nll, rankings)
         return {"pruning": pruning, "rankings": rankings_table, **tables}

@@ -9,8 +9,14 @@
 3. the tokenizer loads and the corpus is cut into windows, so a bad corpus or
    boundary option fails before the model loads;
 4. the model loads and is checked against the command (window length, causal LM);
-5. ``command.run(context)`` computes the tables, reporting progress;
-6. each table is written atomically, then the manifest (``attngeom.results``).
+5. ``command.run(context)`` computes the tables, reporting progress; its work is cut
+   into units (batches of windows), each written to its own shard as soon as it is
+   done (``run_units``), so a killed run resumes with the same command and a
+   data-parallel run (``torchrun``, ``accelerate launch``) shares the units among
+   its processes; the units are combined in unit order, so the tables are the same
+   bit for bit whichever process computed which unit, and whether it resumed;
+6. each table is written atomically, then the manifest, then the shards go
+   (``attngeom.results``).
 
 A command is a ``Command`` subclass (``pipeline/analyze.py``,
 ``pipeline/interventions.py``); the API (``attngeom.api``) builds a configuration and
@@ -19,8 +25,10 @@ calls ``execute``.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,67 @@ class RunResult:
         return headline(self.tables["summary"]) if "summary" in self.tables else None
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a data-parallel run (one process: rank 0 of 1).
+
+    Read from the ``WORLD_SIZE`` / ``RANK`` / ``LOCAL_RANK`` variables that ``torchrun``
+    and ``accelerate launch`` set; the process group (gloo on CPUs, nccl on GPUs) is
+    created here when the launcher has not made one.
+    """
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls, device: str = "cpu") -> Distributed:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if world <= 1:
+            return cls()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if str(device).startswith("cuda") else "gloo"
+            dist.init_process_group(backend=backend)
+        return cls(rank=dist.get_rank(), world=dist.get_world_size(),
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def owns(self, unit: int) -> bool:
+        return unit % self.world == self.rank
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def device(self, device: str) -> str:
+        """One GPU per process: ``cuda`` becomes ``cuda:LOCAL_RANK``."""
+        return f"cuda:{self.local_rank}" if self.world > 1 and device == "cuda" else device
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work: a batch of windows (``index`` its place in the stage)."""
+
+    index: int
+    windows: tuple
+
+    @property
+    def window_ids(self) -> list[int]:
+        return [int(w.index) for w in self.windows]
+
+
+def units_of(windows: Sequence, batch_size: int) -> list[Unit]:
+    return [Unit(i, tuple(windows[s : s + batch_size]))
+            for i, s in enumerate(range(0, len(windows), batch_size))]
+
+
 @dataclass
 class RunContext:
     """Everything a command's ``run`` sees."""
@@ -65,6 +134,59 @@ class RunContext:
     timings: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
     corpus_extra: dict = field(default_factory=dict)
+    store: Any = None  # results.state.ShardStore, or None without an output directory
+    dist: Distributed = field(default_factory=Distributed)
+
+    def run_units(self, stage: str, units: Sequence[Unit], process: Callable[[Unit], Any], *,
+                  desc: str, unit: str = "window",
+                  weight: Callable[[Unit], int] = lambda u: len(u.windows)) -> Iterator:
+        """The result of every unit of ``stage``, in unit order.
+
+        A unit whose shard is already on disk (a resumed run) is read back; this
+        process computes the others it owns (all of them without data parallelism),
+        saving each to its shard as soon as it is done. With several processes the
+        results are read from the shards once every process has finished the stage.
+        Progress counts ``weight(unit)`` per unit, resumed units included.
+        """
+        from attngeom.pipeline.progress import Progress
+
+        store, dist = self.store, self.dist
+        done = {}
+        for u in units:
+            if store is not None:
+                ok, payload = store.load(stage, u.index, u.window_ids)
+                if ok:
+                    done[u.index] = payload
+        resumed = sum(weight(u) for u in units if u.index in done)
+        self.counts[f"resumed_{unit}s"] = self.counts.get(f"resumed_{unit}s", 0) + resumed
+        total = sum(weight(u) for u in units)
+        show = self.progress if dist.is_main else False
+        with Progress(total, desc=desc + (f", {resumed} resumed" if resumed else ""),
+                      unit=unit, enabled=show, initial=resumed) as bar:
+            for u in units:
+                if u.index in done:
+                    if dist.world == 1:
+                        yield done.pop(u.index)
+                    continue
+                if not dist.owns(u.index):
+                    continue
+                payload = process(u)
+                if store is not None:
+                    store.save(stage, u.index, u.window_ids, payload)
+                bar.advance(weight(u))
+                if dist.world == 1:
+                    yield payload
+        if store is not None:
+            self.counts["redone_shards"] = self.counts.get("redone_shards", 0) + store.torn
+            store.torn = 0
+        if dist.world > 1:
+            dist.barrier()
+            for u in units:
+                ok, payload = store.load(stage, u.index, u.window_ids)
+                if not ok:
+                    raise RunDirError(f"unit {u.index} of stage {stage} has no shard after "
+                                      "every process finished; run the command again")
+                yield payload
 
     @property
     def model_label(self) -> str:
@@ -194,10 +316,24 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
     from attngeom.capture import load_model, load_tokenizer, model_layout
     from attngeom.pipeline.stream import check_window_fits
     from attngeom.results.manifest import build_manifest, config_fingerprint
+    from attngeom.results.state import ShardStore, check_resumable, clear_states
 
     config.require_model_and_corpus()
+    dist = Distributed.from_env(config.device)
+    if dist.world > 1 and out is None:
+        raise ConfigError("a data-parallel run needs an output directory (--out): its "
+                          "processes share their finished windows there")
     fingerprint = config_fingerprint(config.fingerprint_dict())
+    resume_key = config.resume_key()
+    if out is not None and not overwrite:
+        check_resumable(out, command=command.name, resume_key=resume_key)
     out_dir = prepare_output(out, command.name, fingerprint, overwrite)
+    store = None
+    if out_dir is not None:
+        store = ShardStore(out_dir, fingerprint, command=command.name, resume_key=resume_key)
+        if dist.is_main and overwrite and store.root.is_dir():
+            _drop_other_resume_key(store.root, resume_key)
+        dist.barrier()
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     given_model, given_tok = model_and_tokenizer or (None, None)
@@ -212,8 +348,9 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
     timings["windows_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     if given_model is None:
-        model, tokenizer = load_model(config.model, device=config.device, dtype=config.dtype,
-                                      tokenizer=tokenizer)
+        model, tokenizer = load_model(config.model, device=dist.device(config.device),
+                                      dtype=config.dtype, tokenizer=tokenizer,
+                                      device_map=config.device_map)
     else:
         model = given_model
     layout = model_layout(model)
@@ -225,7 +362,7 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
 
     ctx = RunContext(config=config, tokenizer=tokenizer, windows=windows, corpus_info=info,
                      policy=policy, model=model, layout=layout, progress=progress,
-                     timings=timings)
+                     timings=timings, store=store, dist=dist)
     tables = {name: _labelled(df, ctx) for name, df in command.run(ctx).items()}
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(
@@ -234,7 +371,7 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
         seed=config.seed, timings=timings, tables={n: f"{n}.parquet" for n in tables},
         counts=ctx.counts, fingerprint=fingerprint,
     )
-    if out_dir is not None:
+    if out_dir is not None and dist.is_main:
         from attngeom.results.io import prepare_run_dir, write_manifest, write_table
 
         out_dir = prepare_run_dir(out_dir, command=command.name, fingerprint=fingerprint,
@@ -242,4 +379,22 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
         for name, df in tables.items():
             write_table(out_dir, name, df)
         write_manifest(out_dir, manifest)
+        clear_states(out_dir)
+    dist.barrier()
     return RunResult(tables=tables, manifest=manifest, out_dir=out_dir)
+
+
+def _drop_other_resume_key(root: Path, resume_key: dict) -> None:
+    """With overwrite: shards of this fingerprint cut with other batch or chunk sizes go."""
+    import shutil
+
+    from attngeom.results.state import RUN_FILE
+
+    try:
+        import json
+
+        old = json.loads((root / RUN_FILE).read_text(encoding="utf-8")).get("resume_key")
+    except (OSError, ValueError):
+        old = None
+    if old != resume_key:
+        shutil.rmtree(root, ignore_errors=True)

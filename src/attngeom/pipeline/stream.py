@@ -31,6 +31,13 @@ class StreamStats:
     forward_calls: int = 0
     layers_seen: set = field(default_factory=set)
 
+    def add(self, other: StreamStats) -> None:
+        self.windows += other.windows
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        self.forward_calls += other.forward_calls
+        self.layers_seen |= other.layers_seen
+
 
 def window_rows(config, windows: Sequence, causal: bool) -> list[torch.Tensor]:
     """The analysed query positions of each window: content positions only (method §4)."""
@@ -56,9 +63,9 @@ def stream_windows(
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
     with the number of windows each batch finished.
     """
-    from attngeom.capture import capture_attention
+    from attngeom.capture import capture_attention, input_device
 
-    device = next(model.parameters()).device
+    device = input_device(model)
     stats = StreamStats()
     current: list = []
     own_rows: list[torch.Tensor] = []

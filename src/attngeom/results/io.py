@@ -292,8 +292,12 @@ def _is_report_dir(entry: Path) -> bool:
 
 
 def _is_own(entry: Path, own: set[str]) -> bool:
+    from attngeom.results.state import STATE_DIR
+
     if entry.name == REPORT_DIR:
         return _is_report_dir(entry)
+    if entry.name == STATE_DIR:  # unfinished runs' shards (results/state.py)
+        return entry.is_dir() and not entry.is_symlink()
     if entry.name in own:
         return entry.is_file() or not entry.exists()
     m = _TEMP_RE.match(entry.name)
@@ -354,6 +358,9 @@ def prepare_run_dir(
 
     if manifest is not None and _same_run(manifest, command, fingerprint) and not overwrite:
         return run_dir
+    if manifest is None and not foreign and not overwrite and _resuming(run_dir, command,
+                                                                         fingerprint):
+        return run_dir  # this very run, unfinished: it resumes from its shards
     if foreign:
         what = "" if manifest is None else (
             "this run and " if _same_run(manifest, command, fingerprint) else "another run and "
@@ -383,6 +390,13 @@ def prepare_run_dir(
         else:
             entry.unlink()
     return run_dir
+
+
+def _resuming(run_dir: Path, command: str, fingerprint: str) -> bool:
+    from attngeom.results.state import run_states
+
+    return any(s.get("command") == command and s.get("fingerprint") == fingerprint
+               for s in run_states(run_dir))
 
 
 def _written_by_attngeom(manifest: dict) -> bool:
