@@ -118,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
                "restrict": api.restrict}[args.command]
         res = run(out=args.out, overwrite=args.overwrite, progress=not args.quiet,
                   **_options(args))
+        if os.environ.get("RANK", "0") not in ("", "0"):
+            return 0  # one process of a data-parallel run prints, the first
         PRINTERS[args.command](res)
         if res.out_dir is not None:
             print(f"results: {res.out_dir}")

@@ -1,0 +1,130 @@
+"""Resume after a crash, and data-parallel runs: the tables equal an uninterrupted run's.
+
+A run is killed with SIGKILL once some of its shards are on disk; the same command
+then finishes it, computing only the missing units, and its table files are
+byte-identical to those of a run that was never interrupted. A damaged shard is
+detected and redone; a resume with other options is refused, naming the option.
+Two processes started by torchrun (gloo) split the units and write the same tables as
+one process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attngeom.cli import main
+from attngeom.errors import RunDirError
+from attngeom.results.io import read_manifest
+from tests.architectures import STORIES_PATH
+
+pytestmark = pytest.mark.slow
+
+BASE = ["--model", str(STORIES_PATH), "--window-length", "96", "--quiet"]
+ANALYSIS = [*BASE, "--query-mode", "all", "--bootstrap", "50"]
+ANALYZE = ["analyze", *ANALYSIS, "--n-windows", "24", "--batch-size", "1",
+           "--n-grid", "1,2,4,8"]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    return env
+
+
+def _tables(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run.glob("*.parquet"))}
+
+
+def _shards(run: Path) -> list[Path]:
+    return sorted(run.glob(".attngeom/*/*/*.shard"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert main([*ANALYZE, "--out", str(out)]) == 0
+    assert not (out / ".attngeom").exists()  # the shards go once the tables are written
+    return out
+
+
+def _killed_run(out: Path, at_least: int = 4) -> None:
+    """Start the analysis in a subprocess and SIGKILL it once ``at_least`` shards exist."""
+    proc = subprocess.Popen([sys.executable, "-m", "attngeom.cli", *ANALYZE, "--out",
+                             str(out)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(_shards(out)) < at_least and proc.poll() is None:
+        assert time.monotonic() < deadline, "the run wrote no shard in 300 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+
+
+def test_killed_run_resumes_to_identical_tables(reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    _killed_run(out)
+    done = len(_shards(out))
+    assert 0 < done < 24
+    assert main([*ANALYZE, "--out", str(out)]) == 0
+    assert _tables(out) == _tables(reference)
+    counts = read_manifest(out)["counts"]
+    assert done <= counts["resumed_windows"] < 24  # only the unfinished windows ran again
+    assert not (out / ".attngeom").exists()
+
+
+def test_torn_shard_is_redone_and_other_options_are_refused(reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    _killed_run(out)
+    first = _shards(out)[0]
+    first.write_bytes(first.read_bytes()[: len(first.read_bytes()) // 2])  # a torn write
+    # a resume with another option is refused, naming it, and leaves the shards alone
+    before = len(_shards(out))
+    for change, name in ((["--n-grid", "1,2,4"], "n_grid"), (["--batch-size", "2"],
+                                                               "batch_size")):
+        assert main([*ANALYZE, *change, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"option {name} (was" in err and "\n" not in err
+    assert len(_shards(out)) == before
+    with pytest.raises(RunDirError, match="option n_grid"):
+        from attngeom import api
+
+        api.analyze(str(STORIES_PATH), out=out, window_length=96, n_windows=24,
+                    query_mode="all", bootstrap=50, n_grid=(1, 2), batch_size=1,
+                    progress=False)
+    assert main([*ANALYZE, "--out", str(out)]) == 0
+    assert _tables(out) == _tables(reference)
+    assert read_manifest(out)["counts"]["redone_shards"] == 1
+
+
+def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", "-m", "attngeom.cli", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("command", [
+    ["analyze", *ANALYSIS, "--n-windows", "6", "--batch-size", "1", "--n-grid", "1,2,4"],
+    ["prune", *BASE, "--n-rank-windows", "3", "--n-eval-windows", "3", "--batch-size", "1",
+     "--rankers", "taxonomy,entropy,random", "--seeds", "0", "--keep-fractions", "1,0.5"],
+    ["scan-heads", *BASE, "--n-eval-windows", "3", "--batch-size", "1"],
+    ["restrict", *BASE, "--n-eval-windows", "3", "--batch-size", "1", "--n-grid", "1,4"],
+], ids=["analyze", "prune", "scan-heads", "restrict"])
+def test_two_processes_write_the_tables_of_one(command, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*command, "--out", str(one)]) == 0
+    done = _torchrun([*command, "--out", str(two)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _tables(two) == _tables(one)
+    assert not (two / ".attngeom").exists()
+    assert done.stdout.count("results:") == 1  # one process prints
