@@ -24,7 +24,7 @@ except ImportError:  # tests/ itself is on sys.path when it is not a package
     from reference_geometry import reference_topn
 
 NAN = math.nan
-IMPLEMENTATIONS = ["reference", "fast"]
+IMPLEMENTATIONS = ["reference", "direct", "gram"]
 
 
 def run(impl: str, alpha, values, n_grid, **kwargs):
@@ -34,7 +34,7 @@ def run(impl: str, alpha, values, n_grid, **kwargs):
     else:
         from attngeom.core.geometry import topn_metrics
 
-        res = topn_metrics(alpha, values, n_grid, **kwargs)
+        res = topn_metrics(alpha, values, n_grid, path=impl, **kwargs)
     fields = ("precision", "recall", "f_score", "margin", "inversions", "valid", "trivial")
     out = {name: np.asarray(torch.as_tensor(getattr(res, name)).numpy()) for name in fields}
     out["nonfinite"] = np.asarray(torch.as_tensor(res.nonfinite).numpy())

@@ -32,6 +32,8 @@ except ImportError:  # tests/ itself is on sys.path when it is not a package
 
 from attngeom.core.geometry import topn_metrics  # noqa: E402
 
+PATHS = ("direct", "gram")
+
 DTYPES = (torch.float32, torch.float64)
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -169,8 +171,9 @@ def compare(case, distance: str) -> None:
     values = torch.tensor(case["values"], dtype=dtype)
     kwargs = dict(case["kwargs"], distance=distance)
     ref = reference_topn(alpha, values, case["grid"], **kwargs)
-    fast = topn_metrics(alpha, values, case["grid"], **kwargs)
-    assert_matches_reference(fast, ref, atol=ATOL[dtype])
+    for path in PATHS:  # both ways of computing <v_u, s_N> (geometry.py)
+        fast = topn_metrics(alpha, values, case["grid"], path=path, **kwargs)
+        assert_matches_reference(fast, ref, atol=ATOL[dtype])
 
 
 @SETTINGS
@@ -246,13 +249,14 @@ def test_nonfinite_alpha_matches_reference(data, distance, bad, where):
     values = torch.tensor(case["values"], dtype=dtype)
     kwargs = dict(case["kwargs"], distance=distance)
     ref = reference_topn(alpha, values, case["grid"], **kwargs)
-    fast = topn_metrics(alpha, values, case["grid"], **kwargs)
-    nonfinite = fast.nonfinite.numpy()
-    assert np.array_equal(nonfinite, ref.nonfinite)
-    assert not fast.valid.numpy()[:, nonfinite].any()
-    for name in ("precision", "recall", "f_score", "margin", "inversions"):
-        assert np.isnan(getattr(fast, name).numpy()[:, nonfinite]).all(), name
-    assert_matches_reference(fast, ref, atol=ATOL[dtype])
+    for path in PATHS:
+        fast = topn_metrics(alpha, values, case["grid"], path=path, **kwargs)
+        nonfinite = fast.nonfinite.numpy()
+        assert np.array_equal(nonfinite, ref.nonfinite)
+        assert not fast.valid.numpy()[:, nonfinite].any()
+        for name in ("precision", "recall", "f_score", "margin", "inversions"):
+            assert np.isnan(getattr(fast, name).numpy()[:, nonfinite]).all(), name
+        assert_matches_reference(fast, ref, atol=ATOL[dtype])
 
 
 def test_reference_sees_nonfinite_only_in_universe():

@@ -27,12 +27,17 @@ from attngeom.errors import ConfigError
 class ValueStats:
     """Value states of one (window, layer) with cached float64 norms and Gram matrix."""
 
-    def __init__(self, values: Tensor, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, values: Tensor, dtype: torch.dtype = torch.float64, *,
+                 queries: int | None = None) -> None:
         if values.dim() != 3:
             raise ConfigError(f"values: expected shape (G, T, d), got {tuple(values.shape)}")
         self.values = values
         self.dtype = dtype
+        # analysed query rows of the whole window (all chunks): decides how the metrics
+        # compute <v_u, s_N>, so that query chunking never changes a table (geometry.py)
+        self.queries = int(values.shape[1]) if queries is None else int(queries)
         self._norms: Tensor | None = None
+        self._sq_norms: Tensor | None = None
         self._gram: Tensor | None = None
         self._cosines: Tensor | None = None
         self._parts: list[ValueStats] = []  # set by ``stack``: caches live in the parts
@@ -42,8 +47,8 @@ class ValueStats:
         """Several windows' stats as one, kv heads concatenated; caches are reused."""
         if len(parts) == 1:
             return parts[0]
-        out = cls(torch.cat([p.values for p in parts]), parts[0].dtype)
-        out._gram = torch.cat([p.gram for p in parts])
+        out = cls(torch.cat([p.values for p in parts]), parts[0].dtype,
+                  queries=parts[0].queries)
         out._parts = list(parts)
         return out
 
@@ -62,6 +67,8 @@ class ValueStats:
     @property
     def gram(self) -> Tensor:
         """(G, T, T) inner products <v_a, v_b> per kv head."""
+        if self._gram is None and self._parts:
+            self._gram = torch.cat([p.gram for p in self._parts])
         if self._gram is None:
             v = self.values64
             self._gram = v @ v.transpose(-1, -2)
@@ -69,8 +76,14 @@ class ValueStats:
 
     @property
     def sq_norms(self) -> Tensor:
-        """(G, T) squared norms ||v_j||^2: the Gram diagonal itself (exact, no sqrt)."""
-        return torch.diagonal(self.gram, dim1=-2, dim2=-1)
+        """(G, T) squared norms ||v_j||^2 in float64, from the values (no Gram needed)."""
+        if self._sq_norms is None:
+            if self._parts:
+                self._sq_norms = torch.cat([p.sq_norms for p in self._parts])
+            else:
+                v = self.values64
+                self._sq_norms = (v * v).sum(-1)
+        return self._sq_norms
 
     @property
     def cosines(self) -> Tensor:
@@ -87,7 +100,7 @@ class ValueStats:
 
     @property
     def norms(self) -> Tensor:
-        """(G, T) value norms ||v_j||, read off the Gram diagonal so both agree."""
+        """(G, T) value norms ||v_j||, the square roots of ``sq_norms``."""
         if self._norms is None:
             self._norms = self.sq_norms.clamp_min(0).sqrt()
         return self._norms

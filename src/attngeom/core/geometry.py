@@ -2,18 +2,28 @@
 
 For a query row with universe U and selected set I (the first N keys of a rule's
 order), every metric compares distances D[u] = dist(y_u, s_N) with y_u = alpha_u v_u
-and s_N = sum_{i in I} y_i. Nothing here materialises y: with the value Gram matrix
-G of the row's kv head,
+and s_N = sum_{i in I} y_i. Nothing here materialises y:
 
-    <v_u, s_N> = sum_{k < N} alpha_{sigma(k)} G[u, sigma(k)]      (a gather + cumsum)
+    <v_u, s_N> = sum_{k < N} alpha_{sigma(k)} <v_u, v_{sigma(k)}>
     ||s_N||^2 = sum_{k < N} alpha_{sigma(k)} <v_{sigma(k)}, s_N>
     g[u]      = 2 alpha_u <v_u, s_N> - alpha_u^2 ||v_u||^2 = ||s_N||^2 - D[u]^2
 
 and every comparison the metrics make is a comparison of a "closeness" score with
 the sign flipped: g for the Euclidean distance (never D, which loses the small
 alphas to cancellation, method §11), the cosine similarity for the cosine distance.
-One cumulative sum over the first N_max sorted keys serves every N of the grid at
-once; the work per row is O(T * N_max) and rows are processed in chunks.
+Only the first N_max keys of each row's order matter (found by a partial selection,
+ties to the smaller position); ``<v_u, s_N>`` comes one of two ways, both exact in
+float64, whichever costs less for the rows at hand:
+
+- **direct** (few rows, e.g. one ``final`` query per window): the aggregates s_N for
+  every N of the grid are a cumulative sum of the N_max selected value rows, and
+  ``<v_u, s_N>`` for every u is one product ``V s_N``; nothing of size T x T is made;
+- **Gram** (many rows, ``all`` or a dense ``stride``): the value Gram matrix of the
+  row's kv head, computed once per window and kv head, is read at the N_max selected
+  columns and summed cumulatively, O(T * N_max) per row.
+
+The comparisons and counts (``core/kernels.py``) are exact, so their compiled and
+plain versions agree bit for bit. Rows are processed in chunks that bound memory.
 
 Shapes: alpha (H, Q, T), values (G, T, d) with H % G == 0 (query head h reads kv
 head h // (H // G)); results (K, H, Q, NN) with K the random repeats (1 otherwise).
@@ -28,6 +38,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
+from attngeom.core.kernels import compiled, count_metrics
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES
@@ -35,7 +46,6 @@ from attngeom.names import DISTANCES, METRICS, RULES
 COSINE_EPS = 1e-12
 _INT64_MAX = torch.iinfo(torch.int64).max
 _CHUNK_BYTES = 192 * 2**20
-_DENSE_RATIO = 24
 _CANCEL = 16 * torch.finfo(torch.float64).eps
 
 
@@ -43,8 +53,10 @@ _CANCEL = 16 * torch.finfo(torch.float64).eps
 class TopNMetrics:
     """Per-row metrics of one rule and distance; NaN (and ``valid`` False) where undefined.
 
-    ``order`` holds each row's full key order (universe first), ``sink_selected``
-    whether position 0 is in I_N, ``nonfinite`` the rows skipped for non-finite alpha.
+    ``top`` holds each row's first N_max keys in rule order (entries past the row's
+    universe size are padding), ``universe`` each row's keys (H, Q, T),
+    ``sink_selected`` whether position 0 is in I_N, ``nonfinite`` the rows skipped
+    for non-finite alpha or values.
     """
 
     precision: Tensor
@@ -56,11 +68,38 @@ class TopNMetrics:
     trivial: Tensor
     nonfinite: Tensor
     sink_selected: Tensor
-    order: Tensor
+    top: Tensor
+    universe: Tensor
     n_grid: tuple[int, ...]
 
     def metric(self, name: str) -> Tensor:
         return getattr(self, name)
+
+    @property
+    def order(self) -> Tensor:
+        """(K, H, Q, T) a full order consistent with ``top`` (see :func:`full_order`)."""
+        return full_order(self.top, self.universe)
+
+
+def full_order(top: Tensor, universe: Tensor) -> Tensor:
+    """(..., T) int64: ``top`` first, then the rest of the universe, then the other keys.
+
+    Every metric and bound of N <= N_max depends on the order only through I_N (the
+    first N keys) and the universe; past N_max this completes the order by position.
+    ``top`` (..., N_max), ``universe`` broadcastable to (..., T) bool.
+
+    >>> full_order(torch.tensor([[2, 0]]), torch.tensor([[True, False, True, True]]))
+    tensor([[2, 0, 3, 1]])
+    """
+    t = universe.shape[-1]
+    nmax = top.shape[-1]
+    universe = universe.expand(*top.shape[:-1], t)
+    pos = torch.arange(t, device=top.device)
+    rank = torch.where(universe, nmax + pos, nmax + t + pos)
+    in_u = universe.gather(-1, top)
+    rank = rank.scatter(-1, top, torch.where(in_u, torch.arange(nmax, device=top.device)
+                                             .expand_as(top), rank.gather(-1, top)))
+    return torch.sort(rank, dim=-1).indices
 
 
 def check_rule_distance(rule: str, distance: str) -> None:
@@ -76,11 +115,45 @@ def causal_visibility(query_positions: Tensor, num_keys: int) -> Tensor:
     return (keys[None, :] <= query_positions[:, None])[None]
 
 
+def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True) -> Tensor:
+    """(..., nmax) int64: the first ``nmax`` universe keys by ``score``, in order.
+
+    Ties go to the smaller position, as a stable sort would order them; keys outside
+    the universe come after every universe key (so a row with fewer than ``nmax``
+    universe keys ends in padding). A partial selection, not a sort: O(T) per row
+    plus a sort of the ``nmax`` winners.
+
+    >>> top_keys(torch.tensor([[0.2, 0.5, 0.2, 0.1]]), torch.ones(1, 4, dtype=torch.bool), 3)
+    tensor([[1, 0, 2]])
+    """
+    t = score.shape[-1]
+    nmax = min(int(nmax), t)
+    if score.dtype.is_floating_point:
+        fill = float("-inf") if largest else float("inf")
+    else:
+        fill = torch.iinfo(score.dtype).min if largest else torch.iinfo(score.dtype).max
+    score = score.masked_fill(~universe, fill)
+    kth = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True).values[..., -1:]
+    strict = score > kth if largest else score < kth
+    equal = score == kth
+    need = nmax - strict.sum(-1, keepdim=True)
+    take = strict | (equal & (equal.cumsum(-1) <= need))  # ties: the smallest positions
+    place = torch.where(take, take.cumsum(-1) - 1, nmax)  # ascending positions first
+    picked = torch.zeros((*score.shape[:-1], nmax + 1), dtype=torch.int64,
+                         device=score.device)
+    picked.scatter_(-1, place, torch.arange(t, device=score.device).expand_as(place))
+    picked = picked[..., :nmax]
+    order = torch.sort(score.gather(-1, picked), dim=-1, descending=largest,
+                       stable=True).indices  # stable: equal scores keep position order
+    return picked.gather(-1, order)
+
+
 def select_order(
     alpha: Tensor,
     head_norms: Tensor,
     universe: Tensor,
     rule: str,
+    nmax: int,
     *,
     repeats: int = 1,
     query_positions: Tensor | None = None,
@@ -89,11 +162,11 @@ def select_order(
     layer: int = 0,
     head_index: Tensor | None = None,
 ) -> Tensor:
-    """(K, H, Q, T) int64 key order of every row under a selection rule (method §4).
+    """(K, H, Q, nmax) int64: each row's first ``nmax`` universe keys under a rule (§4).
 
-    Universe keys come first, in rule order; ties go to the smaller position (stable
-    sorts). ``alpha`` is (H, Q, T) float64 with non-finite entries already zeroed,
-    ``head_norms`` (H, T) the value norms seen by each query head.
+    Ties go to the smaller position. ``alpha`` is (H, Q, T) float64 with non-finite
+    entries already zeroed, ``head_norms`` (H, T) the value norms seen by each query
+    head; the random rule's order is its counter-based sort keys' (``random_control``).
     """
     if rule == "random":
         h, q, t = alpha.shape
@@ -101,18 +174,13 @@ def select_order(
             raise ConfigError("rule 'random' needs query_positions to seed the control")
         heads = torch.arange(h, device=alpha.device) if head_index is None else head_index
         keys = permutation_keys(seed, window, layer, heads, query_positions, repeats, t)
-        keys = keys.masked_fill(~universe[None], _INT64_MAX)
-        return torch.sort(keys, dim=-1, stable=True).indices
+        return top_keys(keys, universe[None].expand_as(keys), nmax, largest=False)
     score = alpha if rule == "attention" else alpha * head_norms[:, None, :]
-    score = score.masked_fill(~universe, float("-inf"))
-    return torch.sort(score, dim=-1, descending=True, stable=True).indices[None]
+    return top_keys(score, universe, nmax)[None]
 
 
 def _grid_tensor(n_grid: Sequence[int]) -> tuple[int, ...]:
-    try:
-        grid = tuple(int(n) for n in n_grid)
-    except (TypeError, ValueError):
-        raise ConfigError(f"n_grid: expected a sequence of integers, got {n_grid!r}") from None
+    grid = tuple(int(n) for n in n_grid)
     if not grid:
         raise ConfigError("n_grid: expected at least one N, got an empty grid")
     return grid
@@ -135,6 +203,7 @@ def topn_metrics(
     stats: ValueStats | None = None,
     chunk_rows: int | None = None,
     head_index: Tensor | None = None,
+    path: str | None = None,
 ) -> TopNMetrics:
     """Geometric P_N, R_N, F_N, margin and inversions of every row and N (method §4).
 
@@ -143,7 +212,9 @@ def topn_metrics(
     ``query_positions``, which default to the last Q positions). Returns
     ``TopNMetrics`` with tensors of shape (K, H, Q, NN), float64. Rows of several
     windows may be stacked along the head dimension: then ``window`` and ``head_index``
-    give each head row's window and head, which seed the random control.
+    give each head row's window and head, which seed the random control. ``path``
+    (``"direct"`` or ``"gram"``) forces how ``<v_u, s_N>`` is computed (module
+    docstring); both give the same metrics.
 
     >>> a = torch.tensor([[[0.25, 0.5, 0.25]]])   # one head, one query (t = 2), T = 3
     >>> v = torch.tensor([[[1.0], [1.0], [-1.0]]])
@@ -152,6 +223,8 @@ def topn_metrics(
     ([1.0, 1.0], [1.0, 1.0], True)
     """
     check_rule_distance(rule, distance)
+    if path not in (None, "direct", "gram"):
+        raise ConfigError(f"path: expected 'direct' or 'gram', got {path!r}")
     grid = _grid_tensor(n_grid)
     if rule != "random":
         repeats = 1
@@ -160,7 +233,7 @@ def topn_metrics(
     if stats is None:
         if values is None:
             raise ConfigError("topn_metrics needs values or stats")
-        stats = ValueStats(values.to(alpha.device))
+        stats = ValueStats(values.to(alpha.device), queries=alpha.shape[1])
     h, q, t = alpha.shape
     g = stats.num_kv_heads
     if h % g or stats.num_keys != t:
@@ -190,28 +263,31 @@ def topn_metrics(
     alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
     if bool(nonfinite.any()):
         stats = ValueStats(torch.nan_to_num(stats.values, nan=0.0, posinf=0.0, neginf=0.0),
-                           stats.dtype)
+                           stats.dtype, queries=stats.queries)
         head_norms = stats.norms[kv]
-    order = select_order(
-        alpha64, head_norms, universe, rule, repeats=repeats,
+    nmax = max(1, min(max(grid), t))
+    top = select_order(
+        alpha64, head_norms, universe, rule, nmax, repeats=repeats,
         query_positions=query_positions, seed=seed, window=window, layer=layer,
         head_index=head_index,
     )
 
-    nmax = max(1, min(max(grid), t))
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
     usize = universe.sum(-1)
     valid = (grid_t >= 1) & (grid_t[None, None, :] < usize[..., None]) & ~nonfinite[..., None]
     valid = valid[None].expand(repeats, h, q, len(grid)).clone()
 
+    rows = repeats * group * stats.queries  # rows per kv head, whole window
+    use_gram = path == "gram" or (path is None and _gram_pays(
+        rows, t, int(stats.values.shape[-1]), len(grid), nmax))
     if chunk_rows is None:
-        per_row = max(1, repeats * h * t * nmax * 8 * 4)
+        per_row = max(1, repeats * h * t * max(nmax, len(grid)) * 8 * 3)
         chunk_rows = max(1, _CHUNK_BYTES // per_row)
     parts = []
     for s in range(0, q, chunk_rows):
-        rows = (alpha64[:, s : s + chunk_rows], order[:, :, s : s + chunk_rows],
-                universe[:, s : s + chunk_rows])
-        parts.append(_metrics_rows(*rows, stats, group, grid_t, nmax, distance))
+        sl = slice(s, s + chunk_rows)
+        parts.append(_metrics_rows(alpha64[:, sl], top[:, :, sl], universe[:, sl], stats,
+                                   group, grid, nmax, distance, use_gram))
     out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
     for name in METRICS:
         out[name] = out[name].masked_fill(~valid, float("nan"))
@@ -222,9 +298,16 @@ def topn_metrics(
         trivial=trivial,
         nonfinite=nonfinite,
         sink_selected=out["sink_selected"] & valid,
-        order=order,
+        top=top,
+        universe=universe,
         n_grid=grid,
     )
+
+
+def _gram_pays(rows: int, t: int, d: int, nn: int, nmax: int) -> bool:
+    """Whether the Gram path costs less than the direct one for ``rows`` per kv head:
+    T^2 d once plus T N_max per row, against T d NN per row."""
+    return t * t * d + rows * t * nmax < rows * t * d * nn
 
 
 class _Folding:
@@ -246,115 +329,108 @@ class _Folding:
         return x.reshape(self.k, self.h, self.q, *rest)
 
 
-def _from_closeness(
-    close: Tensor,
-    selected: Tensor,
-    unselected: Tensor,
-    close_sel: Tensor,
-    s2: Tensor,
-    grid: Tensor,
-    kmask: Tensor,
-    euclidean: bool,
-) -> dict[str, Tensor]:
-    """method §4 metrics from closeness scores (larger = nearer the aggregate).
-
-    ``close`` (G, M, NN, C) over C keys, ``selected`` / ``unselected`` masks broadcast
-    to it, ``close_sel`` (G, M, NN, N_max) the scores of the sorted selected keys,
-    ``kmask`` (NN, N_max) which of them are in I_N. Every comparison is one of scores:
-    D[j] <= rho_max is close[j] >= min_I close, D[i] < rho_min is close[i] > max close[j].
-    """
-    inf = torch.tensor(float("inf"), dtype=close.dtype, device=close.device)
-    cmin_sel = torch.where(selected, close, inf).amin(-1)
-    cmax_uns = torch.where(unselected, close, -inf).amax(-1)
-    nf = grid.to(close.dtype)[None, None, :]
-    n_close = (unselected & (close >= cmin_sel[..., None])).sum(-1)
-    precision = nf / (nf + n_close)
-    recall = (selected & (close > cmax_uns[..., None])).sum(-1) / nf
-    denom = precision + recall
-    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
-    if euclidean:
-        # rho_min - rho_max without subtracting two nearly equal distances
-        rho_min = (s2 - cmax_uns).clamp_min(0).sqrt()
-        rho_max = (s2 - cmin_sel).clamp_min(0).sqrt()
-        spread = rho_min + rho_max
-        margin = torch.where(spread > 0, (cmin_sel - cmax_uns) / spread.clamp_min(1e-300), 0.0)
-    else:
-        margin = cmin_sel - cmax_uns
-    # inversions: pairs (i in I, j not in I) with D[j] <= D[i], i.e. close[j] >= close[i]
-    uns_sorted = torch.where(unselected, close, -inf).sort(dim=-1).values
-    below = torch.searchsorted(uns_sorted.contiguous(), close_sel.contiguous(), right=False)
-    inversions = ((close.shape[-1] - below) * kmask).sum(-1).to(close.dtype)
-    return {
-        "precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
-        "inversions": inversions, "cmin_sel": cmin_sel, "cmax_uns": cmax_uns,
-    }
-
-
 def _metrics_rows(
     alpha: Tensor,
-    order: Tensor,
+    top: Tensor,
     universe: Tensor,
     stats: ValueStats,
     group: int,
-    grid: Tensor,
+    grid: tuple[int, ...],
     nmax: int,
     distance: str,
+    use_gram: bool,
 ) -> dict[str, Tensor]:
-    """Metrics of one chunk of rows over every key; heads are folded into their kv group."""
-    k, h, q, t = order.shape
+    """Metrics of one chunk of rows; heads are folded into their kv group."""
+    k, h, q, _ = top.shape
+    t = alpha.shape[-1]
     fd = _Folding(k, h, q, group)
-    g, m, nn = fd.g, fd.m, grid.numel()
+    g, m, nn = fd.g, fd.m, len(grid)
+    device = alpha.device
     alpha_m = fd.fold(alpha[None].expand(k, h, q, t))
     univ_m = fd.fold(universe[None].expand(k, h, q, t))
-    order_m = fd.fold(order)
-    sel = order_m[..., :nmax]
-    a_sel = torch.gather(alpha_m, -1, sel)
-    gram = stats.gram
-    kmask = (torch.arange(nmax, device=alpha.device)[:, None] < grid[None, :]).to(alpha.dtype)
-    weights = a_sel[..., :, None] * kmask  # (G, M, Nmax, NN): alpha_sigma(k) [k < N]
-    # <v_u, s_N> = sum_k G[u, sigma(k)] weights[k, N]: the cumulative sum over the sorted
-    # keys read off at every N of the grid, as one matrix product
-    if t <= _DENSE_RATIO * nmax:
-        # scatter the weights to key positions and multiply by the whole Gram matrix:
-        # more flops than the gather, but one BLAS call wins while T is a small multiple
-        # of N_max
-        dense = torch.zeros(g, m, t, nn, dtype=alpha.dtype, device=alpha.device)
-        dense.scatter_(2, sel[..., None].expand(g, m, nmax, nn), weights)
-        dense = dense.permute(0, 2, 1, 3).reshape(g, t, m * nn)
-        inner = torch.bmm(gram, dense).reshape(g, t, m, nn).permute(0, 2, 3, 1).contiguous()
+    top_m = fd.fold(top)  # (G, M, N_max)
+    usize = univ_m.sum(-1)
+    in_u = torch.arange(nmax, device=device) < usize[..., None]  # padding past |U|
+    a_top = torch.gather(alpha_m, -1, top_m) * in_u
+    grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
+    kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha.dtype)
+
+    if use_gram:
+        inner, s2 = _inner_gram(stats, top_m, a_top, kmask)
     else:
-        gathered = torch.gather(
-            gram[:, None].expand(g, m, t, t), 3, sel[:, :, None, :].expand(g, m, t, nmax)
-        )  # (G, M, T, Nmax): G[u, sigma(k)]
-        inner = torch.matmul(gathered, weights).transpose(-1, -2).contiguous()
-    inner_sel = torch.gather(inner, -1, sel[:, :, None, :].expand(g, m, nn, nmax))
-    s2 = (inner_sel * weights.transpose(-1, -2)).sum(-1)  # (G, M, NN): ||s_N||^2
+        inner, s2 = _inner_direct(stats, top_m, a_top, grid, nmax)
     if distance == "cosine":
         # An aggregate that cancels exactly (e.g. two equal alphas on opposite values) is
         # left with rounding noise of order N eps (sum alpha ||v||)^2, and every cosine to
         # it would be decided by that noise; call it zero, as exact arithmetic does. (The
         # Euclidean comparisons need no such care: there the noise is negligible against
         # alpha^2 ||v||^2.)
-        lengths = a_sel * torch.gather(stats.norms[:, None].expand(g, m, t), -1, sel)
+        lengths = a_top * torch.gather(stats.norms[:, None].expand(g, m, t), -1, top_m)
         scale = (lengths[:, :, None, :] * kmask.T).sum(-1)
-        limit = _CANCEL * grid.to(alpha.dtype)[None, None, :] * scale * scale
+        limit = _CANCEL * grid_t.to(alpha.dtype)[None, None, :] * scale * scale
         degenerate = s2 <= limit
         s2 = s2.masked_fill(degenerate, 0.0)
         inner = inner.masked_fill(degenerate[..., None], 0.0)
 
-    rank = torch.empty_like(order_m)
-    rank.scatter_(-1, order_m, torch.arange(t, device=alpha.device).expand_as(order_m))
-    selected = rank[:, :, None, :] < grid[None, None, :, None]
-    unselected = univ_m[:, :, None, :] & ~selected
     a = alpha_m[:, :, None, :]
     if distance == "euclidean":
         close = 2.0 * a * inner - a * a * stats.sq_norms[:, None, None, :]
     else:
         norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-    close_sel = torch.gather(close, -1, sel[:, :, None, :].expand(g, m, nn, nmax))
-    out = _from_closeness(close, selected, unselected, close_sel, s2, grid, kmask.T.bool(),
-                          distance == "euclidean")
-    out["sink_selected"] = selected[..., 0] & univ_m[:, :, None, 0]
+
+    slot = torch.full((g, m, t + 1), nmax, dtype=torch.int64, device=device)
+    slot.scatter_(-1, torch.where(in_u, top_m, t),
+                  torch.arange(nmax, device=device).expand(g, m, nmax))
+    slot = slot[..., :t]
+    cmin, cmax, intruders, clears, inversions = compiled(count_metrics)(
+        close.reshape(g * m, nn, t), slot.reshape(g * m, t), univ_m.reshape(g * m, t),
+        top_m.reshape(g * m, nmax), grid)
+    cmin, cmax = cmin.reshape(g, m, nn), cmax.reshape(g, m, nn)
+    nf = grid_t.to(alpha.dtype)[None, None, :]
+    precision = nf / (nf + intruders.reshape(g, m, nn).to(alpha.dtype))
+    recall = clears.reshape(g, m, nn).to(alpha.dtype) / nf
+    denom = precision + recall
+    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
+    if distance == "euclidean":
+        # rho_min - rho_max without subtracting two nearly equal distances
+        rho_min = (s2 - cmax).clamp_min(0).sqrt()
+        rho_max = (s2 - cmin).clamp_min(0).sqrt()
+        spread = rho_min + rho_max
+        margin = torch.where(spread > 0, (cmin - cmax) / spread.clamp_min(1e-300), 0.0)
+    else:
+        margin = cmin - cmax
+    out = {
+        "precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
+        "inversions": inversions.reshape(g, m, nn).to(alpha.dtype),
+        "sink_selected": (slot[..., 0, None] < grid_t) & univ_m[..., 0, None],
+    }
     return {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
 
+
+def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int):
+    """``<v_u, s_N>`` (G, M, NN, T) and ``||s_N||^2`` (G, M, NN) from the aggregates."""
+    v = stats.values64  # (G, T, d)
+    g, m, _ = top.shape
+    d = v.shape[-1]
+    rows = torch.gather(v[:, None].expand(g, m, v.shape[1], d), 2,
+                        top[..., None].expand(g, m, nmax, d))  # (G, M, N_max, d)
+    partial = torch.cumsum(a_top[..., None] * rows, dim=2)
+    at = torch.tensor([max(0, min(n, nmax) - 1) for n in grid], device=v.device)
+    s = partial.index_select(2, at)  # (G, M, NN, d): s_N
+    inner = torch.matmul(s.reshape(g, -1, d), v.transpose(-1, -2)).reshape(g, m, len(grid), -1)
+    return inner, (s * s).sum(-1)
+
+
+def _inner_gram(stats: ValueStats, top: Tensor, a_top: Tensor, kmask: Tensor):
+    """The same from the value Gram matrix: its N_max selected columns, summed."""
+    gram = stats.gram  # (G, T, T)
+    g, m, nmax = top.shape
+    t = gram.shape[-1]
+    weights = a_top[..., :, None] * kmask  # (G, M, N_max, NN): alpha_sigma(k) [k < N]
+    gathered = torch.gather(gram[:, None].expand(g, m, t, t), 3,
+                            top[:, :, None, :].expand(g, m, t, nmax))  # (G, M, T, N_max)
+    inner = torch.matmul(gathered, weights).transpose(-1, -2).contiguous()  # (G, M, NN, T)
+    inner_sel = torch.gather(inner, -1, top[:, :, None, :].expand(g, m, kmask.shape[1], nmax))
+    s2 = (inner_sel * weights.transpose(-1, -2)).sum(-1)
+    return inner, s2

@@ -11,7 +11,10 @@ the keys of a query's universe gives a uniformly random permutation of it, the
 
 The hash is Chris Wellons' ``lowbias32`` integer finaliser, evaluated in int64 with
 every product kept below 2**63 (no reliance on signed overflow), chained over the
-coordinates; two independent chains give the high and low halves of the key.
+coordinates; two independent chains give the high and low halves of the key. The
+chain up to the repeat is computed once per row; the last link, over the keys, is the
+hot part and runs in ``core/kernels.py`` (compiled where that is on; integer
+operations only, so compiled and plain give the same keys).
 """
 
 from __future__ import annotations
@@ -19,28 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_M32 = 0xFFFFFFFF
-_C1 = 0x7FEB352D
-_C2 = 0x846CA68B
-_GOLDEN = 0x9E3779B9
-
-
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """(x * c) mod 2**32 for 0 <= x < 2**32, without int64 overflow."""
-    lo = x & 0xFFFF
-    hi = x >> 16
-    return ((lo * c) + (((hi * c) & 0xFFFF) << 16)) & _M32
-
-
-def hash32(x: Tensor) -> Tensor:
-    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32)."""
-    x = x & _M32
-    x = x ^ (x >> 16)
-    x = _mul32(x, _C1)
-    x = x ^ (x >> 15)
-    x = _mul32(x, _C2)
-    x = x ^ (x >> 16)
-    return x
+from attngeom.core.kernels import _M32, combine, compiled, key_chain
 
 
 def _fold(value: int) -> int:
@@ -53,10 +35,6 @@ def _fold_coord(values: Tensor, device) -> Tensor:
     """``_fold`` of every entry of a tensor of non-negative indices."""
     v = values.to(device=device, dtype=torch.int64)
     return (v ^ (v >> 32)) & _M32
-
-
-def _combine(state: Tensor, coord: Tensor) -> Tensor:
-    return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
 
 
 def permutation_keys(
@@ -84,17 +62,16 @@ def permutation_keys(
     heads = heads.to(torch.int64).reshape(1, -1, 1, 1)
     positions = positions.to(device=device, dtype=torch.int64).reshape(1, 1, -1, 1)
     ks = torch.arange(repeats, dtype=torch.int64, device=device).reshape(-1, 1, 1, 1)
-    js = torch.arange(num_keys, dtype=torch.int64, device=device).reshape(1, 1, 1, -1)
-    halves = []
-    for salt in (0x243F6A88, 0x85A308D3):
+    js = torch.arange(num_keys, dtype=torch.int64, device=device)
+    rows = []
+    for salt in (0x243F6A88, 0x85A308D3):  # one state per row, then the keys (the hot part)
         state = torch.tensor(_fold(seed) ^ salt, dtype=torch.int64, device=device)
-        state = _combine(state, _fold_coord(window, device).reshape(1, -1, 1, 1)
-                         if isinstance(window, Tensor) else
-                         torch.tensor(_fold(window), dtype=torch.int64, device=device))
-        state = _combine(state, torch.tensor(_fold(layer), dtype=torch.int64, device=device))
-        state = _combine(state, heads & _M32)
-        state = _combine(state, positions & _M32)
-        state = _combine(state, ks)
-        state = _combine(state, js)
-        halves.append(state)
-    return (halves[0] << 31) | (halves[1] >> 1)
+        state = combine(state, _fold_coord(window, device).reshape(1, -1, 1, 1)
+                        if isinstance(window, Tensor) else
+                        torch.tensor(_fold(window), dtype=torch.int64, device=device))
+        state = combine(state, torch.tensor(_fold(layer), dtype=torch.int64, device=device))
+        state = combine(state, heads & _M32)
+        state = combine(state, positions & _M32)
+        state = combine(state, ks)
+        rows.append(state.expand(repeats, heads.shape[1], positions.shape[2], 1).contiguous())
+    return compiled(key_chain)(rows[0], rows[1], js)

@@ -76,7 +76,7 @@ def stream_windows(
         key = (cap.layer, id(cap.values))
         if cache.get("key") != key:  # a new layer: the previous layer's stats are dropped
             cache["key"] = key
-            cache["stats"] = [ValueStats(cap.values[b].float())
+            cache["stats"] = [ValueStats(cap.values[b].float(), queries=len(own_rows[b]))
                               for b in range(cap.values.shape[0])]
         per_window = cache["stats"]
         chunk = cap.query_rows

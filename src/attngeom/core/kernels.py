@@ -1,0 +1,154 @@
+"""The exact inner loops of the geometry, fused by ``torch.compile`` where that is on.
+
+Two kinds of work dominate the top-N metrics once the closeness scores are known:
+comparisons and counts over every key of every row and N (Precision's intruders,
+Recall's clear keys, the inversion pairs), and the integer hashing of the random
+control. Both are exact operations (comparisons, minima, maxima and sums of booleans
+or integers; no rounding), so a fused, compiled version gives bit for bit the tables
+of the plain one: the floating-point scores themselves are always computed outside.
+
+``compiled(fn)`` returns the compiled version of one of these functions when
+compilation is enabled (``set_compile(True)``, or the ``ATTNGEOM_COMPILE`` variable)
+and works here (inductor's C++ backend needs a C compiler; on GPUs it emits Triton),
+else ``fn`` itself; a compilation that fails is reported once and the plain function
+used from then on. Compile time is spent once per shape family and is timed apart
+(``compile_seconds``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+_STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
+          "broken": False, "seconds": 0.0}
+_CACHE: dict[Callable, Callable] = {}
+
+
+def set_compile(enabled: bool) -> None:
+    """Switch the compiled kernels on or off for the rest of the process."""
+    _STATE["enabled"] = bool(enabled)
+
+
+def compile_enabled() -> bool:
+    return _STATE["enabled"] and not _STATE["broken"]
+
+
+def compile_seconds() -> float:
+    """Seconds spent compiling (first calls of each shape family) so far."""
+    return _STATE["seconds"]
+
+
+def compiled(fn: Callable) -> Callable:
+    """``fn`` compiled with ``torch.compile`` when enabled and working, else ``fn``."""
+    if not compile_enabled():
+        return fn
+    wrapper = _CACHE.get(fn)
+    if wrapper is None:
+        wrapper = _CACHE[fn] = _guarded(fn)
+    return wrapper
+
+
+def _guarded(fn: Callable) -> Callable:
+    fast = torch.compile(fn, dynamic=True, fullgraph=True)
+    seen: set = set()
+
+    def call(*args, **kwargs):
+        if _STATE["broken"]:
+            return fn(*args, **kwargs)
+        key = tuple((a.dtype, a.dim()) if isinstance(a, Tensor) else a for a in args)
+        first = key not in seen
+        t0 = time.perf_counter()
+        try:
+            out = fast(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - no compiler, unsupported op: run plain
+            _STATE["broken"] = True
+            warnings.warn(f"attngeom: torch.compile unavailable ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]}); using the uncompiled kernels",
+                          RuntimeWarning, stacklevel=2)
+            return fn(*args, **kwargs)
+        if first:
+            seen.add(key)
+            _STATE["seconds"] += time.perf_counter() - t0
+        return out
+
+    return call
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def count_metrics(close: Tensor, slot: Tensor, universe: Tensor, top: Tensor,
+                  grid: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The exact counts behind Precision, Recall and the inversions, per row and N.
+
+    ``close`` (R, NN, T) closeness scores (larger = nearer the aggregate), ``slot``
+    (R, T) int64 each key's place in the rule order (N_max for keys outside the first
+    N_max), ``universe`` (R, T) bool, ``top`` (R, N_max) the first N_max keys in order,
+    ``grid`` the N of each of the NN columns. Returns, each (R, NN): the smallest
+    selected score, the largest unselected score, the number of unselected keys at
+    least as close as the farthest selected one, the number of selected keys closer
+    than every unselected one, and the inversion pairs (i selected, j unselected,
+    close[j] >= close[i]).
+    """
+    inf = torch.full((), float("inf"), dtype=close.dtype, device=close.device)
+    cmins, cmaxs, intruders, clears, inversions = [], [], [], [], []
+    for c, n in enumerate(grid):
+        cl = close[:, c]
+        sel = slot < n
+        uns = universe & ~sel
+        cmin = torch.where(sel, cl, inf).amin(-1)
+        cmax = torch.where(uns, cl, -inf).amax(-1)
+        intruders.append((uns & (cl >= cmin[:, None])).sum(-1))
+        clears.append((sel & (cl > cmax[:, None])).sum(-1))
+        k = min(int(n), top.shape[-1])
+        csel = cl.gather(-1, top[:, :k])  # (R, k): the selected keys' scores
+        inversions.append((uns[:, None, :] & (cl[:, None, :] >= csel[:, :, None]))
+                          .sum(dim=(-1, -2)))
+        cmins.append(cmin)
+        cmaxs.append(cmax)
+    return (torch.stack(cmins, -1), torch.stack(cmaxs, -1), torch.stack(intruders, -1),
+            torch.stack(clears, -1), torch.stack(inversions, -1))
+
+
+# --------------------------------------------------------------------------- hashing
+
+_M32 = 0xFFFFFFFF
+_C1 = 0x7FEB352D
+_C2 = 0x846CA68B
+_GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x * c) mod 2**32 for 0 <= x < 2**32, without int64 overflow."""
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return ((lo * c) + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def hash32(x: Tensor) -> Tensor:
+    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, _C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _C2)
+    x = x ^ (x >> 16)
+    return x
+
+
+def combine(state: Tensor, coord: Tensor) -> Tensor:
+    return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
+
+
+def key_chain(row_hi: Tensor, row_lo: Tensor, keys: Tensor) -> Tensor:
+    """63-bit sort keys of positions ``keys`` from the two per-row hash states.
+
+    ``row_hi`` / ``row_lo`` (..., 1) int64, ``keys`` (T,) int64 -> (..., T) int64.
+    """
+    return (combine(row_hi, keys) << 31) | (combine(row_lo, keys) >> 1)
