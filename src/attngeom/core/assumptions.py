@@ -8,11 +8,12 @@ measures each per (layer, head) instead of assuming it:
     mean_{j>=1} ||v_j|| / ||v_0|| per window (the method's ``norm_ratio``), each averaged
     over the windows where it is defined;
 (b) exponential decay of value cosines with distance: ``cos(v_i, v_j) ~ exp(-|i-j| /
-    lambda)`` over the non-sink pairs 1 <= i < j (pairs with a zero vector left out),
-    pooled over windows. The fit minimises the squared error over all pairs, which
-    equals least squares on the mean cosine per distance weighted by the number of
-    pairs at that distance; lambda is found by a 1-D search (a log-spaced grid from
-    1e-2 to 1e2 T, refined by golden section in log lambda). ``cos_decay_mae`` is the
+    lambda)`` over the non-sink pairs 1 <= i < j (pairs with a zero vector left out;
+    for T > 363 a fixed sample of 65,536 pairs, ``pairs.py``), pooled over windows.
+    The fit minimises the squared error over those pairs, which equals least squares
+    on the mean cosine per distance weighted by the number of pairs at that distance;
+    lambda is found by a 1-D search (a log-spaced grid from 1e-2 to 1e2 T, refined by
+    golden section in log lambda). ``cos_decay_mae`` is the
     pair-weighted mean absolute error of the fitted curve against the mean cosine per
     distance; ``negative_cos_share`` the share of those pairs with a negative cosine
     (which the exponential model cannot express);
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.bounds import cosine_matrix, finite_rows
+from attngeom.core.bounds import finite_rows
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
 from attngeom.names import SINK
@@ -70,23 +71,21 @@ def norm_statistics(stats: ValueStats) -> dict[str, torch.Tensor]:
 def cosine_by_distance(stats: ValueStats) -> dict[str, torch.Tensor]:
     """Sums of non-sink pair cosines by distance, for the decay fit (method §8 (b)).
 
+    Over all pairs, or for long windows the fixed pair sample of ``pairs.py`` (the
+    same pairs in every window), pairs with a zero vector left out.
+
     Shapes: -> ``cos_sum``, ``count`` (G, T) float64 indexed by distance |i - j|
     (entry 0 unused), ``negative`` (G,) float64 count of negative cosines.
     """
-    cos = cosine_matrix(stats)
-    norms = stats.norms
-    g, t = norms.shape
-    pos = torch.arange(t, device=norms.device)
-    upper = (pos[None, :] > pos[:, None]) & (pos[:, None] >= 1)
-    nz = norms > 0
-    ok = upper[None] & nz[:, :, None] & nz[:, None, :]
-    dist = (pos[None, :] - pos[:, None]).clamp_min(0).expand(g, t, t)
+    a, b, cos, ok = stats.sampled_pairs()
+    g, t = stats.norms.shape
+    dist = (b - a).expand(g, -1)
     w = ok.to(torch.float64)
-    cos_sum = torch.zeros(g, t, dtype=torch.float64, device=norms.device)
+    cos_sum = torch.zeros(g, t, dtype=torch.float64, device=cos.device)
     count = torch.zeros_like(cos_sum)
-    cos_sum.scatter_add_(1, dist.reshape(g, -1), (cos * w).reshape(g, -1))
-    count.scatter_add_(1, dist.reshape(g, -1), w.reshape(g, -1))
-    negative = (ok & (cos < 0)).sum((-1, -2)).to(torch.float64)
+    cos_sum.scatter_add_(1, dist, cos * w)
+    count.scatter_add_(1, dist, w)
+    negative = (ok & (cos < 0)).sum(-1).to(torch.float64)
     return {"cos_sum": cos_sum, "count": count, "negative": negative}
 
 

@@ -1,10 +1,11 @@
 """What every analysis of one (window, layer) sees: attention rows and value statistics.
 
 method §11: every quantity of method §4-§8 follows from the attention rows of the analysed
-queries, the value norms and the value Gram matrix of each kv head. ``ValueStats``
-computes the norms and the Gram matrix once per (window, layer), in float64, and is
-shared by every query chunk and every accumulator of that layer; ``AttentionBatch``
-pairs it with one chunk of attention rows.
+queries and the value states of each kv head. ``ValueStats`` holds one (window, layer)'s
+values and computes, lazily and once, what the analyses read: float64 norms, the value
+Gram matrix (only where many query rows make it pay), the window's coherence and a
+fixed sample of pair cosines (``pairs.py``); it is shared by every query chunk and every
+accumulator of that layer. ``AttentionBatch`` pairs it with one chunk of attention rows.
 
 Shapes (one window, no batch dimension):
     alpha            (H, Q, T) float32 post-softmax probabilities of the analysed rows
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from attngeom.core.pairs import max_abs_cosine, pair_cosines, pair_sample
 from attngeom.errors import ConfigError
 
 
@@ -39,7 +41,8 @@ class ValueStats:
         self._norms: Tensor | None = None
         self._sq_norms: Tensor | None = None
         self._gram: Tensor | None = None
-        self._cosines: Tensor | None = None
+        self._coherence: Tensor | None = None
+        self._pairs: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._parts: list[ValueStats] = []  # set by ``stack``: caches live in the parts
 
     @classmethod
@@ -85,18 +88,34 @@ class ValueStats:
                 self._sq_norms = (v * v).sum(-1)
         return self._sq_norms
 
-    @property
-    def cosines(self) -> Tensor:
-        """(G, T, T) cos(v_a, v_b) from the Gram matrix (0 for zero vectors), cached: the
-        bounds, their fit and the diagnostics all read it. Do not modify in place."""
-        if self._cosines is None and self._parts:
-            # computed (and cached) per window, so the per-window accumulators reuse them
-            self._cosines = torch.cat([p.cosines for p in self._parts])
-        if self._cosines is None:
-            norms = self.norms
-            inv = torch.where(norms > 0, 1.0 / torch.where(norms > 0, norms, 1.0), 0.0)
-            self._cosines = (self.gram * inv[:, :, None] * inv[:, None, :]).clamp_(-1.0, 1.0)
-        return self._cosines
+    def nonsink_coherence(self) -> Tensor:
+        """(G,) float64 upper bound on max |cos(v_a, v_b)| over non-sink pairs a != b with
+        non-zero vectors (``pairs.max_abs_cosine``), cached for the window."""
+        if self._coherence is None:
+            if self._parts:
+                self._coherence = torch.cat([p.nonsink_coherence() for p in self._parts])
+            else:
+                keep = self.norms > 0
+                keep[:, 0] = False
+                self._coherence = max_abs_cosine(self.values, keep)
+        return self._coherence
+
+    def sampled_pairs(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Non-sink pairs a < b (all, or the fixed sample of ``pairs.pair_sample``) with
+        their float64 cosines (G, P) and whether both vectors are non-zero (G, P)."""
+        if self._pairs is None:
+            a, b = pair_sample(self.num_keys, device=self.values.device)
+            cos, ok = pair_cosines(self.values64, self.norms, a, b)
+            self._pairs = (a, b, cos, ok)
+        return self._pairs
+
+    def sink_cosines(self) -> Tensor:
+        """(G, T-1) float64 cos(v_0, v_b) for b >= 1 (0 where either vector is zero)."""
+        v = self.values64
+        dots = (v[:, 1:] * v[:, :1]).sum(-1)
+        denom = self.norms[:, :1] * self.norms[:, 1:]
+        ok = denom > 0
+        return torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0).clamp(-1.0, 1.0)
 
     @property
     def norms(self) -> Tensor:

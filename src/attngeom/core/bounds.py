@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.pairs import coherence_slack, max_abs_cosine
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
 from attngeom.names import SINK
@@ -74,14 +75,6 @@ def safe_cos(inner: Tensor, denom: Tensor) -> Tensor:
     return out.clamp(-1.0, 1.0)
 
 
-def cosine_matrix(stats: ValueStats) -> Tensor:
-    """(G, T, T) float64 cosines ``cos(v_a, v_b)`` read off the Gram matrix (0 for zero vectors).
-
-    Shared through ``ValueStats.cosines``, so it is computed once per (window, layer).
-    """
-    return stats.cosines
-
-
 class WindowConstants(NamedTuple):
     """Per kv head angle constants of one window (method §8), each (G,) float64."""
 
@@ -93,8 +86,9 @@ class WindowConstants(NamedTuple):
 def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> WindowConstants:
     """Measure mu, c_lo, c_hi per kv head on one window, so that the method's assumptions hold.
 
-    ``mu = max_{a != b, a, b >= 1} |cos(v_a, v_b)|``, ``c_lo / c_hi = min / max_{b >= 1}
-    cos(v_0, v_b)``. ``exclude`` (T,) bool leaves positions out (e.g. keys that are in no
+    ``mu = max_{a != b, a, b >= 1} |cos(v_a, v_b)|`` (measured in float32 and raised by
+    its rounding bound, ``pairs.py``), ``c_lo / c_hi = min / max_{b >= 1} cos(v_0, v_b)``
+    in float64. ``exclude`` (T,) bool leaves positions out (e.g. keys that are in no
     universe); pairs with a zero vector are left out (their inner product is 0 whatever
     the bound), and a kv head with nothing left gets 0.
 
@@ -114,17 +108,15 @@ def window_constants(stats: ValueStats, exclude: Tensor | None = None) -> Window
     zeros = norms.new_zeros(g)
     if t < 2:
         return WindowConstants(zeros, zeros.clone(), zeros.clone())
-    cos = cosine_matrix(stats)
-    # a pair with a zero vector has cosine 0 here, which never raises max |cos| >= 0, so
-    # for mu it only has to be masked where positions are excluded
-    block = cos[:, 1:, 1:].abs()
-    if exclude is not None:
-        k = keep[:, 1:].to(block.dtype)
-        block = block * k[:, :, None] * k[:, None, :]
-    block.diagonal(dim1=-2, dim2=-1).zero_()
-    mu = block.amax(dim=(-1, -2)) if t > 2 else zeros.clone()
+    nonsink = keep.clone()
+    nonsink[:, SINK] = False
+    # measured in float32 (pairs.py), then raised by its rounding bound: never below
+    # the exact maximum, so the bounds stay certified
+    raw = stats.nonsink_coherence() if exclude is None else max_abs_cosine(stats.values, nonsink)
+    slack = coherence_slack(int(stats.values.shape[-1]))
+    mu = torch.where(nonsink.sum(-1) >= 2, (raw + slack).clamp_max(1.0), 0.0)
     with_sink = keep[:, 1:] & keep[:, SINK : SINK + 1]
-    sink_row = cos[:, SINK, 1:]
+    sink_row = stats.sink_cosines()
     any_sink = with_sink.any(-1)
     c_lo = torch.where(any_sink, torch.where(with_sink, sink_row, math.inf).amin(-1), 0.0)
     c_hi = torch.where(any_sink, torch.where(with_sink, sink_row, -math.inf).amax(-1), 0.0)
@@ -420,7 +412,8 @@ class BoundsAccumulator(Accumulator):
 
     - ``kappa`` = mean non-sink value norm / mean sink norm (a ratio of pooled means);
     - ``mu`` = the ``quantile`` (default 0.99) of |cos(v_a, v_b)| over non-sink pairs
-      a < b, read from a histogram of ``bins`` equal right-closed bins on [0, 1] and
+      a < b (all pairs, or for T > 363 the fixed sample of 65,536 of ``pairs.py``),
+      read from a histogram of ``bins`` equal right-closed bins on [0, 1] and
       reported as the upper edge of the bin where the quantile falls (so it errs high by
       < 1 / bins, and the pairs above it are exactly those in higher bins);
     - ``sink_cos`` = mean of cos(v_0, v_b) over b >= 1.
@@ -431,8 +424,8 @@ class BoundsAccumulator(Accumulator):
     The violations are reported apart, since the first is a quantile by construction:
     ``pair_violation_rate`` is the share of non-sink pairs with |cos| > mu (about
     1 - ``mu_quantile``, up to the histogram's resolution) and ``pair_violation_max``
-    the largest excess |cos| - mu; ``sink_cos_violation_rate`` the share of sink cosines
-    of the opposite sign to a non-zero fitted ``sink_cos`` and
+    the largest excess |cos| - mu over all pairs; ``sink_cos_violation_rate`` the share
+    of sink cosines of the opposite sign to a non-zero fitted ``sink_cos`` and
     ``sink_cos_violation_max`` the largest such magnitude (0 when none). ``precision_measured``,
     ``recall_measured``, ``f_measured`` are NaN here: the geometry pass fills them.
     """
@@ -487,22 +480,19 @@ class BoundsAccumulator(Accumulator):
         state.sink_norm_count += 1.0
         if t < 2:
             return
-        cos = cosine_matrix(stats)
         nz = norms > 0
-        iu = torch.triu_indices(t - 1, t - 1, offset=1, device=dev) + 1
-        pair_ok = nz[:, iu[0]] & nz[:, iu[1]]  # (G, P)
-        abs_cos = cos[:, iu[0], iu[1]].abs().clamp(0.0, 1.0)
+        _, _, pair_cos, pair_ok = stats.sampled_pairs()  # (G, P)
+        abs_cos = pair_cos.abs()
         # right-closed bins (b / B, (b + 1) / B]: |cos| lands in bin ceil(B |cos|) - 1
         idx = (torch.ceil(abs_cos * self.bins) - 1).clamp(0, self.bins - 1).to(torch.int64)
         flat = idx + self.bins * torch.arange(g, device=dev)[:, None]
         flat = flat.reshape(-1) if bool(pair_ok.all()) else flat[pair_ok]
         hist = torch.bincount(flat, minlength=g * self.bins).reshape(g, self.bins)
         state.cos_hist += host(hist)
-        if bool(pair_ok.any()):
-            cmax = torch.where(pair_ok, abs_cos, -math.inf).amax(-1)
-            state.cos_max = np.maximum(state.cos_max, host(cmax))
+        if t > 2:
+            state.cos_max = np.maximum(state.cos_max, host(stats.nonsink_coherence()))
         sink_ok = nz[:, 1:] & nz[:, SINK : SINK + 1]
-        sc = cos[:, SINK, 1:]
+        sc = stats.sink_cosines()
         pos = sink_ok & (sc > 0)
         neg = sink_ok & (sc < 0)
         state.sink_cos_sum += host(torch.where(sink_ok, sc, 0.0).sum(-1))

@@ -2,8 +2,8 @@
 
 The paper reports the sink's value norm several times smaller than the other tokens'
 and systematically negatively aligned with them, while it soaks up much of the
-attention. This module measures that per (layer, head) from the attention rows, the
-value norms and the value Gram matrix only (method §11), and also looks for *other* sinks
+attention. This module measures that per (layer, head) from the attention rows and
+O(T d) value statistics (no T x T matrix, method §11), and also looks for *other* sinks
 (a separator inside the window, the first "." or newline, BERT's [SEP]) by token
 identity instead of assuming position 0 is the only one.
 
@@ -77,7 +77,7 @@ def sink_value_stats(stats: ValueStats) -> dict[str, Tensor]:
     >>> {k: round(float(x[0]), 4) for k, x in sink_value_stats(ValueStats(v)).items()}
     {'norm_ratio': 2.0, 'sink_cos_mean': -0.7071, 'sink_cos_pairwise': -0.5}
     """
-    norms, gram = stats.norms, stats.gram
+    norms = stats.norms
     g, t = norms.shape
     if t < 2:
         nan = torch.full((g,), float("nan"), dtype=torch.float64, device=norms.device)
@@ -86,9 +86,10 @@ def sink_value_stats(stats: ValueStats) -> dict[str, Tensor]:
     mean_rest = norms[:, 1:].mean(-1)
     ok = n0 > 0
     norm_ratio = torch.where(ok, mean_rest / torch.where(ok, n0, 1.0), float("nan"))
-    g0 = gram[:, SINK, 1:]
-    mean_sq = gram[:, 1:, 1:].mean(dim=(-1, -2)).clamp_min(0.0)
-    sink_cos_mean = safe_cos(g0.mean(-1), n0 * mean_sq.sqrt())
+    v = stats.values64
+    g0 = (v[:, 1:] * v[:, SINK : SINK + 1]).sum(-1)  # <v_0, v_b>, b >= 1
+    mean_v = v[:, 1:].mean(1)  # the mean of the Gram block is ||mean v_b||^2: O(T d)
+    sink_cos_mean = safe_cos(g0.mean(-1), n0 * mean_v.norm(dim=-1))
     pairwise = safe_cos(g0, n0[:, None] * norms[:, 1:]).mean(-1)
     return {"norm_ratio": norm_ratio, "sink_cos_mean": sink_cos_mean,
             "sink_cos_pairwise": pairwise}

@@ -97,16 +97,13 @@ def output_inner_products(
     g = stats.num_kv_heads
     _check_kv(kv_of_head, h, g)
     a = _grouped(torch.where(torch.isfinite(alpha), alpha, 0.0).to(torch.float64), g)
-    gram = stats.gram.to(alpha.device)
-    z_sink = (a * gram[:, None, None, SINK, :]).sum(-1)
-    rows = gram[:, query_positions.to(device=alpha.device, dtype=torch.int64), :]  # (G, Q, T)
-    z_self = (a * rows[:, None]).sum(-1)
-    d = stats.values.shape[-1]
-    if d < t:
-        z = a.reshape(g, -1, t) @ stats.values64.to(alpha.device)
-        z_sq = (z * z).sum(-1).reshape(g, h // g, q)
-    else:
-        z_sq = ((a.reshape(g, -1, t) @ gram) * a.reshape(g, -1, t)).sum(-1).reshape(g, h // g, q)
+    tpos = query_positions.to(device=alpha.device, dtype=torch.int64)
+    # the outputs themselves: one (rows x T) @ (T x d) product, then O(d) per row
+    v = stats.values64.to(alpha.device)
+    z = (a.reshape(g, -1, t) @ v).reshape(g, h // g, q, -1)
+    z_sink = (z * v[:, None, None, SINK, :]).sum(-1)
+    z_self = (z * v[:, tpos][:, None]).sum(-1)
+    z_sq = (z * z).sum(-1)
     return {
         "z_sink": z_sink.reshape(h, q),
         "z_self": z_self.reshape(h, q),

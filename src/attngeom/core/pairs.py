@@ -1,0 +1,107 @@
+"""Window-wide statistics over pairs of value vectors, without a T x T float64 matrix.
+
+The bounds (method §8) and their diagnostics read two kinds of pair statistic of the
+non-sink value vectors of a window (positions 1..T-1, per kv head):
+
+- the largest ``|cos(v_a, v_b)|`` over all pairs a != b (the window's coherence mu),
+  which must not be underestimated: it is found exactly in one blocked float32 pass
+  (T^2 d multiply-adds per kv head, the cost of one head's attention scores, in blocks
+  of rows so that memory stays O(block x T)); where it must not be low (the bounds'
+  mu) it is raised by the float32 rounding bound ``4 d eps_32`` (a dot product of two
+  unit vectors in d dimensions is off by at most about ``d eps_32``);
+- distributions of the cosines (the |cos| histogram behind the fitted mu, the mean
+  cosine by distance behind the decay fit, the share of negative cosines), which are
+  estimates anyway: they are computed in float64 on a fixed sample of at most
+  ``PAIR_SAMPLE`` pairs (all pairs when there are fewer, as for T <= 363). The sample
+  depends only on T, so every window, layer and head of a run uses the same pairs,
+  and a resumed or data-parallel run draws exactly what a single run draws.
+
+Pairs with a zero vector have cosine 0 and are flagged, so callers can leave them out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+PAIR_SAMPLE = 65_536
+_BLOCK_BYTES = 64 * 2**20
+_SAMPLE_SEED = 0x5EED_CA75
+
+
+def num_pairs(t: int) -> int:
+    """Unordered pairs a < b among the non-sink positions 1..T-1."""
+    m = max(t - 1, 0)
+    return m * (m - 1) // 2
+
+
+@functools.lru_cache(maxsize=16)
+def _pair_sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor]:
+    m = t - 1
+    if num_pairs(t) <= limit:
+        a, b = torch.triu_indices(m, m, offset=1)
+        return a + 1, b + 1
+    gen = torch.Generator().manual_seed(_SAMPLE_SEED ^ t)
+    # with replacement: positions a, b uniform over 1..T-1, a != b, stored as a < b
+    a = torch.randint(1, t, (2 * limit,), generator=gen)
+    b = torch.randint(1, t, (2 * limit,), generator=gen)
+    keep = torch.nonzero(a != b).flatten()[:limit]
+    a, b = a[keep], b[keep]
+    return torch.minimum(a, b), torch.maximum(a, b)
+
+
+def pair_sample(t: int, limit: int = PAIR_SAMPLE, device=None) -> tuple[Tensor, Tensor]:
+    """Two (P,) int64 tensors a < b of non-sink positions: all pairs or a fixed sample.
+
+    >>> [x.tolist() for x in pair_sample(4)]
+    [[1, 1, 2], [2, 3, 3]]
+    """
+    a, b = _pair_sample_cpu(int(t), int(limit))
+    return a.to(device), b.to(device)
+
+
+def pair_cosines(values: Tensor, norms: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """float64 ``cos(v_a, v_b)`` (G, P) of the given pairs, and whether both are non-zero.
+
+    Shapes: values (G, T, d) float64, norms (G, T) -> two (G, P) tensors.
+    """
+    dots = (values[:, a] * values[:, b]).sum(-1)
+    denom = norms[:, a] * norms[:, b]
+    ok = denom > 0
+    cos = torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0).clamp(-1.0, 1.0)
+    return cos, ok
+
+
+def coherence_slack(dim: int) -> float:
+    """The float32 rounding bound added to ``max_abs_cosine`` where it must not be low."""
+    return 4.0 * dim * float(torch.finfo(torch.float32).eps)
+
+
+def max_abs_cosine(values: Tensor, keep: Tensor) -> Tensor:
+    """(G,) float64 ``max |cos(v_a, v_b)|`` over a != b, both kept, in float32.
+
+    ``values`` (G, T, d), ``keep`` (G, T) bool (the positions that take part; a zero
+    vector should not be kept). Exact up to float32 rounding (within
+    ``coherence_slack(d)`` of the float64 maximum); 0 when fewer than two are kept.
+
+    >>> v = torch.tensor([[[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]]])
+    >>> round(float(max_abs_cosine(v, torch.ones(1, 3, dtype=torch.bool))[0]), 4)
+    0.7071
+    """
+    g, t, d = values.shape
+    v = values.to(torch.float32)
+    n = v.norm(dim=-1, keepdim=True)
+    unit = torch.where(keep[..., None] & (n > 0), v / n.clamp_min(1e-30), 0.0)
+    rows = max(1, _BLOCK_BYTES // max(1, 4 * g * t))
+    best = torch.zeros(g, dtype=torch.float32, device=values.device)
+    pos = torch.arange(t, device=values.device)
+    for s in range(0, t, rows):
+        block = unit[:, s : s + rows] @ unit.transpose(-1, -2)  # (G, B, T)
+        block = block.abs_()
+        here = pos[s : s + rows]
+        block[:, torch.arange(here.numel(), device=values.device), here] = 0.0  # a == b
+        best = torch.maximum(best, block.amax(dim=(-1, -2)))
+    enough = keep.sum(-1) >= 2
+    return torch.where(enough, best.to(torch.float64).clamp_max(1.0), 0.0)
