@@ -21,7 +21,7 @@ def test_long_windows_use_a_fixed_sample() -> None:
     t = 1500
     assert num_pairs(t) > PAIR_SAMPLE
     a, b = pair_sample(t)
-    assert a.numel() == PAIR_SAMPLE
+    assert a.numel() == 362 * 361 // 2 <= PAIR_SAMPLE
     assert bool((a >= 1).all()) and bool((a < b).all()) and bool((b < t).all())
     a2, b2 = pair_sample(t)  # the same pairs every time (every window, layer, shard)
     assert torch.equal(a, a2) and torch.equal(b, b2)
@@ -30,7 +30,7 @@ def test_long_windows_use_a_fixed_sample() -> None:
     m = t - 1
     d = torch.arange(1, m, dtype=torch.float64)
     full = float(((m - d) * (d < t // 3)).sum() / (m - d).sum())
-    assert abs(share - full) < 0.01
+    assert abs(share - full) < 0.03
 
 
 def test_sampled_decay_tracks_the_census() -> None:

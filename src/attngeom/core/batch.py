@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from attngeom.core.pairs import max_abs_cosine, pair_cosines, pair_sample
+from attngeom.core.pairs import max_abs_cosine, sampled_pair_cosines
 from attngeom.errors import ConfigError
 
 
@@ -104,9 +104,7 @@ class ValueStats:
         """Non-sink pairs a < b (all, or the fixed sample of ``pairs.pair_sample``) with
         their float64 cosines (G, P) and whether both vectors are non-zero (G, P)."""
         if self._pairs is None:
-            a, b = pair_sample(self.num_keys, device=self.values.device)
-            cos, ok = pair_cosines(self.values64, self.norms, a, b)
-            self._pairs = (a, b, cos, ok)
+            self._pairs = sampled_pair_cosines(self.values64, self.norms)
         return self._pairs
 
     def sink_cosines(self) -> Tensor:

@@ -94,12 +94,18 @@ def full_order(top: Tensor, universe: Tensor) -> Tensor:
     t = universe.shape[-1]
     nmax = top.shape[-1]
     universe = universe.expand(*top.shape[:-1], t)
-    pos = torch.arange(t, device=top.device)
-    rank = torch.where(universe, nmax + pos, nmax + t + pos)
-    in_u = universe.gather(-1, top)
-    rank = rank.scatter(-1, top, torch.where(in_u, torch.arange(nmax, device=top.device)
-                                             .expand_as(top), rank.gather(-1, top)))
-    return torch.sort(rank, dim=-1).indices
+    in_top = torch.zeros_like(universe).scatter_(-1, top, True) & universe
+    c = in_top.sum(-1, keepdim=True)  # the universe keys in ``top`` fill its first c slots
+    rest = universe & ~in_top
+    outside = ~universe
+    # each key's place in the order, without a sort: O(T) per row
+    rank = torch.where(rest, c + rest.cumsum(-1) - 1,
+                       universe.sum(-1, keepdim=True) + outside.cumsum(-1) - 1)
+    slots = torch.arange(nmax, device=top.device).expand_as(top)
+    rank = rank.scatter(-1, top, torch.where(universe.gather(-1, top), slots,
+                                             rank.gather(-1, top)))
+    pos = torch.arange(t, device=top.device).expand_as(rank)
+    return torch.empty_like(rank).scatter_(-1, rank, pos)
 
 
 def check_rule_distance(rule: str, distance: str) -> None:
@@ -173,10 +179,30 @@ def select_order(
         if query_positions is None:
             raise ConfigError("rule 'random' needs query_positions to seed the control")
         heads = torch.arange(h, device=alpha.device) if head_index is None else head_index
-        keys = permutation_keys(seed, window, layer, heads, query_positions, repeats, t)
+        keys = _cached_keys(seed, window, layer, heads, query_positions, repeats, t)
         return top_keys(keys, universe[None].expand_as(keys), nmax, largest=False)
     score = alpha if rule == "attention" else alpha * head_norms[:, None, :]
     return top_keys(score, universe, nmax)[None]
+
+
+_KEY_CACHE: dict[str, object] = {}
+_KEY_CACHE_BYTES = 64 * 2**20
+
+
+def _cached_keys(seed, window, layer, heads, positions, repeats, t) -> Tensor:
+    """``permutation_keys``, kept for the next call with the same rows: the full and
+    sink-excluded universes of one (window, layer) use the same random orders."""
+    def tag(x):
+        return (x.device.type, tuple(x.tolist())) if isinstance(x, Tensor) else x
+
+    key = (seed, tag(window), layer, tag(heads), tag(positions), repeats, t)
+    if _KEY_CACHE.get("key") == key:
+        return _KEY_CACHE["value"]
+    keys = permutation_keys(seed, window, layer, heads, positions, repeats, t)
+    _KEY_CACHE.clear()
+    if keys.numel() * 8 <= _KEY_CACHE_BYTES:
+        _KEY_CACHE.update(key=key, value=keys)
+    return keys
 
 
 def _grid_tensor(n_grid: Sequence[int]) -> tuple[int, ...]:

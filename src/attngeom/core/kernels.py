@@ -106,10 +106,13 @@ def count_metrics(close: Tensor, slot: Tensor, universe: Tensor, top: Tensor,
         cmax = torch.where(uns, cl, -inf).amax(-1)
         intruders.append((uns & (cl >= cmin[:, None])).sum(-1))
         clears.append((sel & (cl > cmax[:, None])).sum(-1))
+        # inversions: each unselected key counts the selected keys it is at least as
+        # close as, #{i in I: close[i] <= close[j]}, a binary search in the sorted
+        # selected scores (the same comparisons as the pairwise count, O(T log N))
         k = min(int(n), top.shape[-1])
-        csel = cl.gather(-1, top[:, :k])  # (R, k): the selected keys' scores
-        inversions.append((uns[:, None, :] & (cl[:, None, :] >= csel[:, :, None]))
-                          .sum(dim=(-1, -2)))
+        csel = torch.sort(cl.gather(-1, top[:, :k]), dim=-1).values  # (R, k) ascending
+        below = torch.searchsorted(csel, cl.contiguous(), right=True)  # (R, T)
+        inversions.append(torch.where(uns, below, 0).sum(-1))
         cmins.append(cmin)
         cmaxs.append(cmax)
     return (torch.stack(cmins, -1), torch.stack(cmaxs, -1), torch.stack(intruders, -1),

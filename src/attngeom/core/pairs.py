@@ -11,10 +11,12 @@ non-sink value vectors of a window (positions 1..T-1, per kv head):
   unit vectors in d dimensions is off by at most about ``d eps_32``);
 - distributions of the cosines (the |cos| histogram behind the fitted mu, the mean
   cosine by distance behind the decay fit, the share of negative cosines), which are
-  estimates anyway: they are computed in float64 on a fixed sample of at most
-  ``PAIR_SAMPLE`` pairs (all pairs when there are fewer, as for T <= 363). The sample
-  depends only on T, so every window, layer and head of a run uses the same pairs,
-  and a resumed or data-parallel run draws exactly what a single run draws.
+  estimates anyway: they are computed in float64 on at most ``PAIR_SAMPLE`` pairs:
+  all pairs when there are no more (T <= 363), else every pair among a fixed random
+  subset of 362 positions (one small Gram matrix; positions uniform, so distances are
+  sampled as in a full census). The subset depends only on T, so every window, layer
+  and head of a run uses the same pairs, and a resumed or data-parallel run draws
+  exactly what a single run draws.
 
 Pairs with a zero vector have cosine 0 and are flagged, so callers can leave them out.
 """
@@ -37,41 +39,52 @@ def num_pairs(t: int) -> int:
     return m * (m - 1) // 2
 
 
+def subset_size(limit: int = PAIR_SAMPLE) -> int:
+    """The largest m with m (m - 1) / 2 <= ``limit`` (362 for 65,536)."""
+    m = int(((8 * limit + 1) ** 0.5 + 1) / 2)
+    while m * (m - 1) // 2 > limit:
+        m -= 1
+    return m
+
+
 @functools.lru_cache(maxsize=16)
-def _pair_sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor]:
-    m = t - 1
-    if num_pairs(t) <= limit:
-        a, b = torch.triu_indices(m, m, offset=1)
-        return a + 1, b + 1
-    gen = torch.Generator().manual_seed(_SAMPLE_SEED ^ t)
-    # with replacement: positions a, b uniform over 1..T-1, a != b, stored as a < b
-    a = torch.randint(1, t, (2 * limit,), generator=gen)
-    b = torch.randint(1, t, (2 * limit,), generator=gen)
-    keep = torch.nonzero(a != b).flatten()[:limit]
-    a, b = a[keep], b[keep]
-    return torch.minimum(a, b), torch.maximum(a, b)
+def _sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor, Tensor]:
+    m = subset_size(limit)
+    if t - 1 <= m:
+        positions = torch.arange(1, max(t, 1))
+    else:
+        gen = torch.Generator().manual_seed(_SAMPLE_SEED ^ t)
+        positions = torch.sort(torch.randperm(t - 1, generator=gen)[:m] + 1).values
+    ia, ib = torch.triu_indices(positions.numel(), positions.numel(), offset=1)
+    return positions, ia, ib
 
 
 def pair_sample(t: int, limit: int = PAIR_SAMPLE, device=None) -> tuple[Tensor, Tensor]:
-    """Two (P,) int64 tensors a < b of non-sink positions: all pairs or a fixed sample.
+    """Two (P,) int64 tensors a < b of non-sink positions: all pairs, or every pair of a
+    fixed random subset of positions (uniform over positions, so over distances too, and
+    one small matrix product to compute; the subset depends only on T).
 
     >>> [x.tolist() for x in pair_sample(4)]
     [[1, 1, 2], [2, 3, 3]]
     """
-    a, b = _pair_sample_cpu(int(t), int(limit))
-    return a.to(device), b.to(device)
+    positions, ia, ib = _sample_cpu(int(t), int(limit))
+    return positions[ia].to(device), positions[ib].to(device)
 
 
-def pair_cosines(values: Tensor, norms: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """float64 ``cos(v_a, v_b)`` (G, P) of the given pairs, and whether both are non-zero.
-
-    Shapes: values (G, T, d) float64, norms (G, T) -> two (G, P) tensors.
-    """
-    dots = (values[:, a] * values[:, b]).sum(-1)
-    denom = norms[:, a] * norms[:, b]
+def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``pair_sample`` of the window's T with float64 cosines (G, P) and whether both
+    vectors are non-zero (G, P); ``values`` (G, T, d) float64, ``norms`` (G, T)."""
+    positions, ia, ib = _sample_cpu(int(values.shape[1]), int(limit))
+    dev = values.device
+    positions, ia, ib = positions.to(dev), ia.to(dev), ib.to(dev)
+    sub = values[:, positions]  # (G, m, d)
+    n = norms[:, positions]
+    dots = (sub @ sub.transpose(-1, -2))[:, ia, ib]
+    denom = n[:, ia] * n[:, ib]
     ok = denom > 0
     cos = torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0).clamp(-1.0, 1.0)
-    return cos, ok
+    return positions[ia], positions[ib], cos, ok
 
 
 def coherence_slack(dim: int) -> float:
