@@ -32,7 +32,7 @@ test: install browser lint
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/python benchmarks/bench_analysis.py
+	$(BIN)/python benchmarks/bench_analysis.py --compile --json benchmarks/results-cpu.json
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache .hypothesis

@@ -1,16 +1,28 @@
 """Cost of the analysis, as ratios measured side by side in one process.
 
-Timings on a shared machine are noisy, so only ratios are reported, each against a
-baseline run in the same process on the same inputs (median of several repeats):
+The machine is shared and noisy, so only ratios are reported, each against a baseline
+run in the same process on the same input (the median of a few repeats, baseline and
+analysis interleaved):
 
-* capture: plain forward (the model's own sdpa path) vs eager with
-  ``output_attentions`` vs attngeom's ``final``-query and ``all``-query passes (all
-  analyses: metrics with the random control, sink, taxonomy, bounds, diagnostics);
-* metric work: ``topn_metrics`` vs a naive per-head, per-query, per-N loop that
-  materialises the contributions y = alpha v (what one-off scripts do), on the
-  same captured rows.
+* ``eager``: the eager forward with ``output_attentions`` (what hook-based tools do)
+  over the plain sdpa forward;
+* ``final``: ``final`` queries with every analysis (the papers' protocol: six rule x
+  universe combinations, 16 random repeats, sink, taxonomy, bounds, diagnostics) over
+  the plain forward; the streaming pass and the once-per-run table building
+  (``frames``: pandas pivots, bootstrap) are timed apart, the second amortises over
+  windows;
+* ``final_attention``: ``final`` queries, the attention rule's metrics only;
+* ``all_attention_random2``: every query, the attention rule and 2 random repeats
+  (metrics only), over the eager forward;
+* ``kernel``: ``topn_metrics`` against ``naive_metrics.naive_topn`` (loops that
+  materialise y = alpha v) on the same captured rows, and whether they agree.
 
-Run: ``.venv/bin/python benchmarks/bench_analysis.py [--quick] [--json out.json]``.
+Each ``final``/``all`` row is measured with the plain kernels and, with ``--compile``,
+with ``torch.compile``; compile time is measured on the first call and reported apart.
+Peak memory per T is measured by ``bench_memory.py`` (one subprocess per point).
+
+Run: ``make bench`` (writes ``benchmarks/results-cpu.json``) or
+``.venv/bin/python benchmarks/bench_analysis.py [--quick] [--compile] [--json F]``.
 """
 
 from __future__ import annotations
@@ -18,187 +30,216 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from naive_metrics import naive_topn  # noqa: E402
 
 from attngeom.capture import capture_attention, load_model, model_layout  # noqa: E402
+from attngeom.config import AnalysisConfig  # noqa: E402
+from attngeom.core import kernels  # noqa: E402
 from attngeom.core.batch import ValueStats  # noqa: E402
 from attngeom.core.geometry import topn_metrics  # noqa: E402
-from attngeom.pipeline.analysis import make_accumulators, stream_windows  # noqa: E402
-from attngeom.pipeline.config import AnalysisConfig, default_model  # noqa: E402
+from attngeom.core.queries import query_positions  # noqa: E402
+from attngeom.pipeline.analyses import AnalysisSet  # noqa: E402
+from attngeom.pipeline.stream import stream_windows  # noqa: E402
+from attngeom.pipeline.windows import Window  # noqa: E402
+
+GRID = (1, 2, 4, 8, 16, 32)
+MODES = {
+    "final": dict(query_mode="final"),
+    "final_attention": dict(query_mode="final", rules=("attention",), variants=("full",),
+                            analyses=("metrics",)),
+    "all_attention_random2": dict(query_mode="all", rules=("attention", "random"),
+                                  variants=("full",), analyses=("metrics",), repeats=2),
+}
 
 
-class _Win:
-    def __init__(self, index: int, ids: torch.Tensor) -> None:
-        self.index, self.input_ids = index, ids
-
-
-def _median_time(fn, repeats: int, warmup: bool = True) -> float:
-    if warmup:
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def random_llama(layers: int, hidden: int, heads: int, kv_heads: int, positions: int):
+def random_llama(layers: int = 8, hidden: int = 1024, heads: int = 16, kv_heads: int = 4,
+                 positions: int = 4096):
+    """The issue's realistic shape with random weights (no download)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 3,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=positions, attn_implementation="sdpa",
-    )
+    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 3,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=positions,
+                      attn_implementation="sdpa")
     return LlamaForCausalLM(cfg).eval()
 
 
-def bench_model(name: str, model, window_length: int, n_windows: int, repeats: int) -> dict:
-    layout = model_layout(model)
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    ids = torch.randint(3, vocab, (n_windows, window_length), generator=gen)
-    ids[:, 0] = 1
-    windows = [_Win(i, ids[i]) for i in range(n_windows)]
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
-    def plain():
+
+def side_by_side(baseline, candidate, repeats: int) -> tuple[float, float]:
+    """Median seconds of both, interleaved so that load changes hit both alike."""
+    base, cand = [], []
+    for _ in range(repeats):
+        base.append(_time(baseline))
+        cand.append(_time(candidate))
+    return statistics.median(base), statistics.median(cand)
+
+
+class Bench:
+    """One model and one batch of windows: the baselines and the analysis passes."""
+
+    def __init__(self, model, window_length: int, n_windows: int = 1) -> None:
+        self.model, self.layout = model, model_layout(model)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, model.config.vocab_size, (n_windows, window_length),
+                            generator=gen)
+        ids[:, 0] = 1
+        self.ids, self.T = ids, window_length
+        self.windows = [Window(i, ids[i]) for i in range(n_windows)]
+
+    def plain(self) -> None:
         with torch.inference_mode():
-            model(input_ids=ids)
+            self.model(input_ids=self.ids)
 
-    def eager():
-        prev = model.config._attn_implementation
-        model.set_attn_implementation("eager")
+    def eager(self) -> None:
+        prev = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
         try:
             with torch.inference_mode():
-                model(input_ids=ids, output_attentions=True)
+                self.model(input_ids=self.ids, output_attentions=True)
         finally:
-            model.set_attn_implementation(prev)
+            self.model.set_attn_implementation(prev)
 
-    def analysis(mode: str, **options):
-        cfg = AnalysisConfig(window_length=window_length, query_mode=mode,
-                             batch_size=n_windows, bootstrap=0, **options)
+    def config(self, mode: str, compiled: bool) -> AnalysisConfig:
+        return AnalysisConfig(model="bench", corpus="bench", window_length=self.T,
+                              batch_size=len(self.windows), bootstrap=0,
+                              compile="on" if compiled else "off", **MODES[mode])
 
-        def run():
-            acc = make_accumulators(cfg, window_length)
-            stream_windows(model, layout, windows, cfg, acc, progress=False)
-            acc.compute()
+    def stream(self, cfg: AnalysisConfig) -> AnalysisSet:
+        acc = AnalysisSet.create(cfg)
+        stream_windows(self.model, self.layout, self.windows, cfg, acc)
+        return acc
 
-        return run
+    def measure(self, mode: str, compiled: bool, repeats: int, against: str) -> dict:
+        cfg = self.config(mode, compiled)
+        before = kernels.compile_seconds()
+        first = _time(lambda: self.stream(cfg))  # warm-up; compiles when compiled
+        compile_s = kernels.compile_seconds() - before
+        base_fn = self.plain if against == "plain" else self.eager
+        holder = {}
 
-    def capture_only(mode: str):
-        from attngeom.core.queries import query_positions
+        def run() -> None:
+            holder["acc"] = self.stream(cfg)
 
-        rows = query_positions(mode, window_length)
-
-        def run():
-            with torch.inference_mode(), capture_attention(model, lambda cap: None,
-                                                           query_rows=rows):
-                model(input_ids=ids)
-
-        return run
-
-    t_plain = _median_time(plain, repeats)
-    out = {
-        "model": name, "window_length": window_length, "windows": n_windows,
-        "layers": layout.num_layers, "heads": layout.num_heads,
-        "kv_heads": layout.num_kv_heads, "plain_forward_s": t_plain,
-    }
-    out["eager_output_attentions_x_plain"] = _median_time(eager, repeats) / t_plain
-    out["capture_final_x_plain"] = _median_time(capture_only("final"), repeats) / t_plain
-    out["capture_all_x_plain"] = _median_time(capture_only("all"), repeats) / t_plain
-    out["analysis_final_x_plain"] = _median_time(analysis("final"), repeats) / t_plain
-    t_eager = out["eager_output_attentions_x_plain"] * t_plain
-    # the paper's metric alone (attention rule, full universe, no control) over all queries
-    t_one = _median_time(analysis("all", rules=("attention",), variants=("full",),
-                                  analyses=("metrics",)), 1, warmup=False)
-    out["analysis_all_attention_only_x_eager"] = t_one / t_eager
-    # everything: 3 rules x 2 variants, random control, sink, taxonomy, bounds, diagnostics
-    t_all = _median_time(analysis("all"), 1, warmup=False)
-    out["analysis_all_x_plain"] = t_all / t_plain
-    out["analysis_all_x_eager"] = t_all / t_eager
-    return out
+        t_base, t_run = side_by_side(base_fn, run, repeats)
+        t_frames = _time(lambda: holder["acc"].frames(model="bench", corpus="bench"))
+        return {"mode": mode, "compiled": compiled, "against": against,
+                "baseline_s": t_base, "stream_s": t_run, "frames_s": t_frames,
+                "ratio": t_run / t_base, "ratio_with_frames": (t_run + t_frames) / t_base,
+                "first_call_s": first, "compile_s": compile_s}
 
 
-def bench_metric_work(model, window_length: int, grid, n_rows: int) -> dict:
-    """Fast kernel vs the naive loop on one captured layer (attention rule, euclidean)."""
-    from attngeom.core.queries import query_positions
-
-    ids = torch.randint(3, model.config.vocab_size, (1, window_length),
-                        generator=torch.Generator().manual_seed(1))
-    rows = query_positions("all", window_length)[-n_rows:]
+def kernel_vs_naive(bench: Bench, n_rows: int, repeats: int) -> dict:
+    """``topn_metrics`` vs the naive loop on one captured layer (attention rule)."""
+    rows = query_positions("all", bench.T)[-n_rows:]
     got = {}
 
     def keep(cap):
         if cap.layer == 0:
             got["cap"] = cap
 
-    with torch.inference_mode(), capture_attention(model, keep, query_rows=rows):
-        model(input_ids=ids)
+    with torch.inference_mode(), capture_attention(bench.model, keep, query_rows=rows):
+        bench.model(input_ids=bench.ids[:1])
     cap = got["cap"]
-    alpha, values, vis = cap.alpha[0], cap.values[0], cap.visible[0]
+    alpha, values, vis = cap.alpha[0].float(), cap.values[0], cap.visible[0]
 
     def fast():
-        topn_metrics(alpha, None, grid, visible=vis, query_positions=rows,
-                     stats=ValueStats(values))
+        return topn_metrics(alpha, None, GRID, visible=vis, query_positions=rows,
+                            stats=ValueStats(values, queries=n_rows))
 
-    def naive():
-        naive_topn(alpha, values, grid, vis)
+    t_naive = _time(lambda: got.__setitem__("ref", naive_topn(alpha, values, GRID, vis)))
+    fast()
+    t_fast = statistics.median(_time(fast) for _ in range(repeats))
+    f = fast().f_score[0]
+    ref = got["ref"]
+    same = ((f - ref).abs() <= 1e-9) | (ref.isnan() & f.isnan())
+    return {"heads": int(alpha.shape[0]), "rows": n_rows, "window_length": bench.T,
+            "grid": list(GRID), "fast_s": t_fast, "naive_s": t_naive,
+            "naive_over_fast": t_naive / t_fast, "f_score_agreement": float(same.double().mean())}
 
-    t_fast = _median_time(fast, 3)
-    t_naive = _median_time(naive, 1)
-    ref = naive_topn(alpha, values, grid, vis)
-    res = topn_metrics(alpha, None, grid, visible=vis, query_positions=rows,
-                       stats=ValueStats(values))
-    fast_f = res.f_score[0]
-    same = ((fast_f - ref).abs() <= 1e-9) | (ref.isnan() & fast_f.isnan())
-    agree = float(same.double().mean())
-    return {"rows": int(rows.numel()), "heads": int(alpha.shape[0]), "grid": list(grid),
-            "fast_s": t_fast, "naive_s": t_naive, "naive_x_fast": t_naive / t_fast,
-            "f_score_agreement": agree}
+
+def run_model(name: str, model, lengths, modes, repeats: int, compile_too: bool) -> list[dict]:
+    out = []
+    for t in lengths:
+        bench = Bench(model, t)
+        t_plain, t_eager = side_by_side(bench.plain, bench.eager, repeats)
+        base = {"model": name, "window_length": t, "layers": bench.layout.num_layers,
+                "heads": bench.layout.num_heads, "kv_heads": bench.layout.num_kv_heads}
+        out.append({**base, "mode": "eager_output_attentions", "against": "plain",
+                    "baseline_s": t_plain, "stream_s": t_eager, "ratio": t_eager / t_plain})
+        for mode in modes:
+            against = "eager" if mode.startswith("all") else "plain"
+            for compiled in (False, True) if compile_too else (False,):
+                row = {**base, **bench.measure(mode, compiled, repeats, against)}
+                out.append(row)
+                print(_line(row), flush=True)
+    return out
+
+
+def _line(row: dict) -> str:
+    tag = " compiled" if row.get("compiled") else ""
+    extra = (f" (+ tables {row['frames_s']:.2f} s once per run; compile "
+             f"{row['compile_s']:.1f} s once)" if "frames_s" in row else "")
+    return (f"{row['model']:>14} T={row['window_length']:<5} {row['mode'] + tag:34s} "
+            f"{row['ratio']:6.2f}x {row['against']}{extra}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="T = 256 and 512 only, fewer repeats")
+    ap.add_argument("--compile", action="store_true", help="also measure the compiled kernels")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 5
-    results = {"torch": torch.__version__, "threads": torch.get_num_threads(), "runs": []}
-    stories, _ = load_model(default_model())
-    results["runs"].append(bench_model("stories260K", stories, 256, 4 if args.quick else 8,
-                                       repeats))
-    big = random_llama(2 if args.quick else 4, 512, 8, 4, 1024)
-    results["runs"].append(bench_model("llama-random-512w", big, 256 if args.quick else 512,
-                                       1, repeats))
-    results["metric_work"] = bench_metric_work(big, 256 if args.quick else 512,
-                                               (1, 2, 4, 8, 16, 32), 32 if args.quick else 64)
-    for run in results["runs"]:
-        print(f"\n{run['model']}: T={run['window_length']}, {run['windows']} windows, "
-              f"plain forward {run['plain_forward_s'] * 1e3:.1f} ms")
-        for k, v in run.items():
-            if k.endswith(("_x_plain", "_x_eager")):
-                print(f"  {k:36s} {v:6.2f}x")
-    mw = results["metric_work"]
-    print(f"\nmetric work ({mw['heads']} heads x {mw['rows']} rows, N grid {mw['grid']}): "
-          f"naive loop {mw['naive_x_fast']:.0f}x slower than topn_metrics "
-          f"(F_N equal on {mw['f_score_agreement']:.1%} of rows)")
+    lengths = (256, 512) if args.quick else (512, 1024, 2048)
+    results = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+               "machine": platform.processor() or platform.machine(), "rows": []}
+    big = random_llama()
+    for t in lengths:
+        modes = list(MODES) if t <= 1024 or not args.quick else ["final", "final_attention"]
+        if t > 1024:
+            modes = ["final", "final_attention"]  # all queries at T > 1024: bench_memory.py
+        results["rows"] += run_model("llama-8x1024", big, (t,), modes, repeats, args.compile)
+    stories, _ = load_model(os.environ.get("ATTNGEOM_BENCH_STORIES") or _stories())
+    results["rows"] += run_model("stories260K", stories, (256,), list(MODES), repeats,
+                                 args.compile)
+    results["kernel"] = kernel_vs_naive(Bench(big, 512 if args.quick else 1024),
+                                        16 if args.quick else 32, repeats)
+    for row in results["rows"]:
+        if row["mode"] == "eager_output_attentions":
+            print(_line(row))
+    k = results["kernel"]
+    print(f"metric kernel: {k['heads']} heads x {k['rows']} rows x T={k['window_length']}, "
+          f"N in {k['grid']}: naive loop {k['naive_over_fast']:.0f}x slower than topn_metrics "
+          f"(F_N equal on {k['f_score_agreement']:.1%} of rows)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"written {args.json}")
+
+
+def _stories() -> str:
+    from attngeom.assets import asset
+
+    return asset("stories260K", "--model")
 
 
 if __name__ == "__main__":

@@ -149,8 +149,9 @@ class RunConfig:
         options and those that cut the work into shards (batch and chunk sizes)."""
         d = self.fingerprint_dict()
         d["batch_size"] = self.batch_size
-        if hasattr(self, "chunk_size"):
-            d["chunk_size"] = self.chunk_size
+        for name in ("chunk_size", "memory_budget"):
+            if hasattr(self, name):
+                d[name] = getattr(self, name)
         return d
 
 
@@ -171,8 +172,14 @@ class AnalysisConfig(RunConfig):
     analyses: tuple[str, ...] = option(ANALYSES, help="analyses to run")
     repeats: int | None = option(None, help="random-control repeats (default: 16 for final "
                                  "queries, 2 otherwise)")
-    chunk_size: int | None = option(None, help="query rows per chunk (bounds memory; default "
-                                    "256)", fingerprint=False)
+    chunk_size: int | None = option(None, help="query rows per chunk (default: as many as "
+                                    "--memory-budget allows)", fingerprint=False)
+    memory_budget: float = option(0.25, help="GB of captured query rows per window of a "
+                                  "batch; sets the query chunk when --chunk-size is not given",
+                                  fingerprint=False)
+    compile: str = option("auto", help="torch.compile the exact counting kernels: on, off, "
+                          "or auto (on for all/stride queries on a GPU); tables are "
+                          "identical either way", fingerprint=False)
     bootstrap: int = option(1000, help="window-bootstrap replicates of the intervals and the "
                             "label stability (0: none)")
     regime_rule: str = option("single", help="head regime rule: single (plurality of self, "
@@ -193,6 +200,8 @@ class AnalysisConfig(RunConfig):
             s(self, "repeats", v.integer("repeats", self.repeats, low=1))
         if self.chunk_size is not None:
             s(self, "chunk_size", v.integer("chunk_size", self.chunk_size, low=1))
+        s(self, "memory_budget", v.number("memory_budget", self.memory_budget, low=1e-6))
+        v.one_of("compile", self.compile, ("auto", "on", "off"))
         s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
         v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
         for name in self.analyses:

@@ -330,10 +330,14 @@ def topn_metrics(
     )
 
 
+_GATHER_COST = 24  # one gathered element costs about 24 multiply-adds of a matrix product
+
+
 def _gram_pays(rows: int, t: int, d: int, nn: int, nmax: int) -> bool:
     """Whether the Gram path costs less than the direct one for ``rows`` per kv head:
-    T^2 d once plus T N_max per row, against T d NN per row."""
-    return t * t * d + rows * t * nmax < rows * t * d * nn
+    T^2 d once plus T N_max gathered elements per row (memory-bound, weighted by
+    ``_GATHER_COST``, measured on CPU), against T d NN multiply-adds per row."""
+    return t * t * d + _GATHER_COST * rows * t * nmax < rows * t * d * nn
 
 
 class _Folding:

@@ -17,10 +17,11 @@ used from then on. Compile time is spent once per shape family and is timed apar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -33,6 +34,32 @@ _CACHE: dict[Callable, Callable] = {}
 def set_compile(enabled: bool) -> None:
     """Switch the compiled kernels on or off for the rest of the process."""
     _STATE["enabled"] = bool(enabled)
+
+
+@contextlib.contextmanager
+def compiling(enabled: bool) -> Iterator[None]:
+    """Compiled kernels on (or off) inside the block, the previous setting after it."""
+    saved = _STATE["enabled"]
+    _STATE["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _STATE["enabled"] = saved
+
+
+def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:
+    """``on``/``off`` as given; ``auto``: the ``ATTNGEOM_COMPILE`` variable where it is
+    set, else on for many query rows on a GPU.
+
+    Compiling costs seconds to tens of seconds once (the C++ backend on CPU is the
+    slowest); it pays back where the counting dominates, which is ``all``/``stride``
+    queries on an accelerator. On CPU ``auto`` stays off: pass ``on`` for long runs.
+    """
+    if choice in ("on", "off"):
+        return choice == "on"
+    if os.environ.get("ATTNGEOM_COMPILE"):
+        return _STATE["enabled"]
+    return query_mode != "final" and not str(device).startswith("cpu")
 
 
 def compile_enabled() -> bool:
@@ -149,9 +176,16 @@ def combine(state: Tensor, coord: Tensor) -> Tensor:
     return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
 
 
-def key_chain(row_hi: Tensor, row_lo: Tensor, keys: Tensor) -> Tensor:
-    """63-bit sort keys of positions ``keys`` from the two per-row hash states.
+def hashed_positions(keys: Tensor) -> Tensor:
+    """The per-position half of ``combine``: ``hash32(key + golden)``, the same for
+    every row, so it is computed once per window length and not once per row."""
+    return hash32((keys + _GOLDEN) & _M32)
 
-    ``row_hi`` / ``row_lo`` (..., 1) int64, ``keys`` (T,) int64 -> (..., T) int64.
+
+def key_chain(row_hi: Tensor, row_lo: Tensor, hashed: Tensor) -> Tensor:
+    """63-bit sort keys from the two per-row hash states and ``hashed_positions``:
+    ``(combine(row_hi, j) << 31) | (combine(row_lo, j) >> 1)`` for every position j.
+
+    ``row_hi`` / ``row_lo`` (..., 1) int64, ``hashed`` (T,) int64 -> (..., T) int64.
     """
-    return (combine(row_hi, keys) << 31) | (combine(row_lo, keys) >> 1)
+    return (hash32(row_hi ^ hashed) << 31) | (hash32(row_lo ^ hashed) >> 1)

@@ -19,10 +19,12 @@ operations only, so compiled and plain give the same keys).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-from attngeom.core.kernels import _M32, combine, compiled, key_chain
+from attngeom.core.kernels import _M32, combine, compiled, hashed_positions, key_chain
 
 
 def _fold(value: int) -> int:
@@ -35,6 +37,11 @@ def _fold_coord(values: Tensor, device) -> Tensor:
     """``_fold`` of every entry of a tensor of non-negative indices."""
     v = values.to(device=device, dtype=torch.int64)
     return (v ^ (v >> 32)) & _M32
+
+
+@functools.lru_cache(maxsize=8)
+def _hashed_positions(num_keys: int, device: str) -> Tensor:
+    return hashed_positions(torch.arange(num_keys, dtype=torch.int64, device=device))
 
 
 def permutation_keys(
@@ -62,7 +69,7 @@ def permutation_keys(
     heads = heads.to(torch.int64).reshape(1, -1, 1, 1)
     positions = positions.to(device=device, dtype=torch.int64).reshape(1, 1, -1, 1)
     ks = torch.arange(repeats, dtype=torch.int64, device=device).reshape(-1, 1, 1, 1)
-    js = torch.arange(num_keys, dtype=torch.int64, device=device)
+    js = _hashed_positions(num_keys, str(device))
     rows = []
     for salt in (0x243F6A88, 0x85A308D3):  # one state per row, then the keys (the hot part)
         state = torch.tensor(_fold(seed) ^ salt, dtype=torch.int64, device=device)

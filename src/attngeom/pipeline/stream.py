@@ -18,7 +18,23 @@ from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 
-DEFAULT_CHUNK_ROWS = 256
+# captured query rows cost about four float32 copies each (the probabilities, the float
+# copy handed on, masks and the kernels' first temporaries); the kernels below bound
+# their own float64 temporaries (core/geometry.py, core/bounds.py)
+_BYTES_PER_ENTRY = 16
+
+
+def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
+    """Query rows per captured chunk: ``--chunk-size``, else what the budget allows.
+
+    The budget is per window of a forward batch, so the chunk (and with it the order
+    in which per-row sums are added, which can move a float64 mean by an ulp) does not
+    depend on the batch size, which a run may change without changing its tables.
+    """
+    if getattr(config, "chunk_size", None):
+        return int(config.chunk_size)
+    budget = float(getattr(config, "memory_budget", 1.0)) * 2**30
+    return max(1, int(budget // (num_heads * num_tokens * _BYTES_PER_ENTRY)))
 
 
 @dataclass
@@ -103,10 +119,15 @@ def stream_windows(
         if batches:
             accumulators.update_many(batches)
 
+    from attngeom.core.kernels import compiling, resolve_compile
+
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (method §11)
-    chunk = config.chunk_size or DEFAULT_CHUNK_ROWS
-    with torch.inference_mode():
+    num_tokens = int(windows[0].input_ids.shape[-1]) if windows else 1
+    chunk = chunk_rows(config, layout.num_heads, num_tokens)
+    use_compile = resolve_compile(getattr(config, "compile", "off"), device=str(device),
+                                  query_mode=getattr(config, "query_mode", "final"))
+    with torch.inference_mode(), compiling(use_compile):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
             own_rows[:] = window_rows(config, current, layout.is_causal)

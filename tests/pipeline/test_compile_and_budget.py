@@ -1,0 +1,121 @@
+"""Compiled and plain kernels, a failing compiler, and the memory budget: same tables.
+
+The compiled kernels (``core/kernels.py``) do only exact work (comparisons, counts,
+integer hashing), so a run with ``compile="on"`` must write the tables of a run with
+``compile="off"`` byte for byte; so must a run whose compiler fails (it warns once and
+falls back). A run whose memory budget cuts the queries into chunks of three rows
+computes q.k in smaller matrix products (BLAS may round those differently in float32)
+and adds its per-row sums in another order: its tables agree to that rounding, and a
+resume keeps the chunk (it is part of the resume key), so a run's own shards always
+agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attngeom.config import AnalysisConfig
+from attngeom.core import kernels
+from attngeom.pipeline.analyze import run_analysis
+from attngeom.pipeline.stream import chunk_rows
+from tests.architectures import STORIES_PATH
+
+# all queries, both universes, the random control (hashing) and every analysis
+RUN = dict(model=str(STORIES_PATH), window_length=40, n_windows=2, query_mode="all",
+           bootstrap=20, n_grid=(1, 2, 4, 8), repeats=2)
+
+
+@pytest.fixture(scope="module")
+def stories():
+    from attngeom.capture import load_model
+
+    return load_model(str(STORIES_PATH))
+
+
+@pytest.fixture(scope="module")
+def plain_run(stories, tmp_path_factory):
+    cfg = AnalysisConfig(**RUN, compile="off")
+    return run_analysis(cfg, tmp_path_factory.mktemp("plain") / "r", progress=False,
+                        model_and_tokenizer=stories)
+
+
+@pytest.fixture()
+def fresh_kernels(monkeypatch):
+    """Forget compiled wrappers and a past failure, and restore both afterwards."""
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setitem(kernels._STATE, "broken", False)
+    yield
+
+
+def _digests(run) -> dict[str, str]:
+    return {name: hashlib.sha256((run.out_dir / f"{name}.parquet").read_bytes()).hexdigest()
+            for name in run.manifest["tables"]}
+
+
+def test_compiled_kernels_write_identical_tables(stories, plain_run, tmp_path,
+                                                 fresh_kernels) -> None:
+    before = kernels.compile_seconds()
+    cfg = AnalysisConfig(**RUN, compile="on")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback would hide the check
+        run = run_analysis(cfg, tmp_path / "compiled", progress=False,
+                           model_and_tokenizer=stories)
+    assert not kernels._STATE["broken"]
+    assert kernels.compile_seconds() > before  # something was compiled
+    assert _digests(run) == _digests(plain_run)
+    assert not kernels.compile_enabled()  # the run's setting does not leak
+
+
+def test_failing_compiler_warns_once_and_falls_back(stories, plain_run, tmp_path,
+                                                    monkeypatch, fresh_kernels) -> None:
+    def broken(fn, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("no C compiler found\nsecond line")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    cfg = AnalysisConfig(**RUN, compile="on")
+    with pytest.warns(RuntimeWarning, match="torch.compile unavailable .*no C compiler") as rec:
+        run = run_analysis(cfg, tmp_path / "fallback", progress=False,
+                           model_and_tokenizer=stories)
+    assert len([w for w in rec if "torch.compile" in str(w.message)]) == 1
+    assert _digests(run) == _digests(plain_run)
+
+
+def test_memory_budget_sets_the_chunk_and_never_the_tables(stories, plain_run,
+                                                           tmp_path) -> None:
+    # 8 heads x 40 tokens x 16 bytes a row: a 16 kB budget allows three rows per chunk
+    tiny = AnalysisConfig(**RUN, compile="off", memory_budget=16e3 / 2**30)
+    assert chunk_rows(tiny, num_heads=8, num_tokens=40) == 3
+    assert chunk_rows(tiny.with_(chunk_size=7), num_heads=8, num_tokens=40) == 7
+    assert chunk_rows(AnalysisConfig(**RUN, memory_budget=1.0), 32, 4096) == 512
+    run = run_analysis(tiny, tmp_path / "tiny", progress=False, model_and_tokenizer=stories)
+    for name in plain_run.manifest["tables"]:
+        a = pd.read_parquet(plain_run.out_dir / f"{name}.parquet")
+        b = pd.read_parquet(run.out_dir / f"{name}.parquet")
+        assert list(a.columns) == list(b.columns) and len(a) == len(b), name
+        for col in a.columns:
+            if a[col].dtype.kind == "f":
+                np.testing.assert_allclose(b[col], a[col], rtol=1e-5, atol=1e-7,
+                                           err_msg=f"{name}.{col}")
+            else:
+                assert a[col].equals(b[col]), f"{name}.{col}"
+
+
+def test_compile_choice_is_validated_and_auto_is_off_on_cpu() -> None:
+    from attngeom.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="compile"):
+        AnalysisConfig(model="m", corpus="c", compile="yes")
+    with pytest.raises(ConfigError, match="memory_budget"):
+        AnalysisConfig(model="m", corpus="c", memory_budget=0)
+    assert not kernels.resolve_compile("auto", device="cpu", query_mode="all")
+    assert kernels.resolve_compile("auto", device="cuda:0", query_mode="stride:4")
+    assert not kernels.resolve_compile("auto", device="cuda", query_mode="final")
+    assert kernels.resolve_compile("on", device="cpu", query_mode="final")
