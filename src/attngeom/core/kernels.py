@@ -40,11 +40,11 @@ def set_compile(enabled: bool) -> None:
 def compiling(enabled: bool) -> Iterator[None]:
     """Compiled kernels on (or off) inside the block, the previous setting after it."""
     saved = _STATE["enabled"]
-    _STATE["enabled"] = bool(enabled)
+    set_compile(enabled)
     try:
         yield
     finally:
-        _STATE["enabled"] = saved
+        set_compile(saved)
 
 
 def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:

@@ -533,7 +533,7 @@ def sample_documents(documents: Iterable[str | bytes], k: int, seed: int = 0, *,
 def _sampled(docs: Iterable[str], k: int, seed: int,
              what: str) -> tuple[list[str], list[bytes], int]:
     """``(documents in draw order, their raw sha256, number read)``; reads all of ``docs``."""
-    best, n = _draw(((hashlib.sha256(d.encode("utf-8")).digest(), d) for d in docs), k, seed)
+    best, n = _draw(((_digest(d, False, i), d) for i, d in enumerate(docs)), k, seed)
     if 0 < n < k:
         raise _too_few(k, n, what)
     return [d for _, _, d in best], [digest for _, digest, _ in best], n

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.kernels import compiling, resolve_compile
 from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 
@@ -118,8 +119,6 @@ def stream_windows(
             ))
         if batches:
             accumulators.update_many(batches)
-
-    from attngeom.core.kernels import compiling, resolve_compile
 
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (method §11)
