@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(BIN)/attngeom demo --out runs/demo
+	$(BIN)/attngeom reproduce studies/demo.toml --out runs/demo
 
 browser:
 	bash scripts/install_browser.sh

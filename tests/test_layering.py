@@ -29,8 +29,10 @@ ALLOWED = {
     "results": {"results"} | LEAVES,
     "figures": {"results", "figures"} | LEAVES,
     "report": {"results", "figures", "report"} | LEAVES,
-    "studies": {"pipeline", "report", "figures", "results", "config", "assets", "studies"}
-    | LEAVES,
+    # studies read a model's configuration before any run (capture.inspect_model) and
+    # load each model once for all its runs
+    "studies": {"pipeline", "capture", "report", "figures", "results", "config", "assets",
+                "studies"} | LEAVES,
     "cli": {"api", "config"} | LEAVES,
 }
 THIRD_PARTY_FORBIDDEN = {

@@ -30,6 +30,7 @@ __all__ = [
     "demo",
     "prune",
     "report",
+    "reproduce",
     "restrict",
     "scan_heads",
 ]
@@ -132,8 +133,18 @@ def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float3
     return run_checks(model, device=device, dtype=dtype)
 
 
-def demo(out: str | Path = "runs/demo", *, quick: bool = False, progress=True) -> dict:
-    """The default study on the shared models and corpora (``make demo``)."""
-    from attngeom.studies.demo import demo as run_demo
+def reproduce(study: str | Path, out: str | Path | None = None, *, dry_run: bool = False,
+              overwrite: bool = False, progress=True):
+    """Run every cell of a study file, then its cross-corpus and cross-model steps, then
+    one study report (``DIR/report/index.html``); ``dry_run`` only checks the file and
+    lists the cells. ``study`` is a path or the name of a shipped study (``demo``,
+    ``paper``, ``followup``). Returns a ``studies.reproduce.StudyResult``."""
+    from attngeom.studies.reproduce import reproduce as run_study
 
-    return run_demo(out, quick=quick, progress=progress)
+    return run_study(study, out, dry_run=dry_run, overwrite=overwrite, progress=progress)
+
+
+def demo(out: str | Path = "runs/demo", *, progress=True):
+    """The demo study (``studies/demo.toml``) on the shared models and corpora
+    (``make demo``)."""
+    return reproduce("demo", out, progress=progress)

@@ -98,9 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     k.add_argument("--dtype", default="float32", help="model dtype (default: float32)")
 
-    d = sub.add_parser("demo", help="the default study on the shared models and corpora")
+    s = sub.add_parser("reproduce", help="every run of a study file, then one study report",
+                       description="Run every model x corpus cell of STUDY (a TOML file, or "
+                       "demo, paper, followup) through the common runner, skipping finished "
+                       "cells and resuming unfinished ones, then the cross-corpus and "
+                       "cross-model steps, then DIR/report/index.html.")
+    s.add_argument("study", metavar="STUDY")
+    s.add_argument("--out", help="study directory (runs/, tables/, report/, study.json)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="check the file and list the cells, their windows and memory; run "
+                   "nothing")
+    s.add_argument("--overwrite", action="store_true",
+                   help="recompute finished cells and replace different runs in DIR")
+    s.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    d = sub.add_parser("demo", help="the demo study (studies/demo.toml) on the shared models")
     d.add_argument("--out", default="runs/demo", help="results directory (default: runs/demo)")
-    d.add_argument("--quick", action="store_true", help="fewer windows (a smoke test)")
     d.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
@@ -135,9 +148,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
         print(api.check(args.model, device=args.device, dtype=args.dtype))
         return 0
+    if args.command == "reproduce":
+        res = api.reproduce(args.study, args.out, dry_run=args.dry_run,
+                            overwrite=args.overwrite, progress=not args.quiet)
+        _print_study(res)
+        return 0
     if args.command == "demo":
-        out = api.demo(args.out, quick=args.quick, progress=not args.quiet)
-        _print_demo(out)
+        _print_study(api.demo(args.out, progress=not args.quiet))
         return 0
     raise AssertionError(args.command)
 
@@ -256,30 +273,23 @@ def format_sink_and_regimes(res) -> str:
     return "\n".join(lines)
 
 
-def _print_demo(out: dict) -> None:
-    for name, table in out["headline"].items():
-        print(f"\n== {name} ==")
-        print(format_headline(table))
-        print(format_sink_and_regimes(out["results"][name]))
-    print("\n== regimes, tinystories vs wikitext ==")
-    print(out["comparison"])
-    scan = out["head_scan"]["head_scan"].sort_values("delta_nll_rel", ascending=False)
-    print("\n== most critical heads (remove one head alone) ==")
-    _print_table(scan.head(5), ["layer", "head", "delta_nll_rel", "critical"])
-    print("\n== pruning (perplexity by keep fraction, mean over seeds) ==")
-    pr = out["pruning"]["pruning"]
-    print(pr.pivot_table(index="keep_fraction", columns="ranker", values="perplexity")
-          .to_string(float_format=lambda x: f"{x:.3f}"))
-    print("\n== top-N restriction: effective set size N*_tau (whole model) ==")
-    print(format_nstar(out["restrict"]))
-    print()
-    for name, path in out["runs"].items():
-        print(f"results ({name}): {path}")
-    print(f"results (head scan): {out['head_scan'].out_dir}")
-    print(f"results (pruning): {out['pruning'].out_dir}")
-    print(f"results (restriction): {out['restrict'].out_dir}")
-    for name, path in out["reports"].items():
-        print(f"report ({name}): {path}")
+def _print_study(res) -> None:
+    from attngeom.report.study import study_findings
+    from attngeom.studies.reproduce import format_plan
+
+    if res.out_dir is None:  # a dry run
+        print(format_plan(res.study, res.plan))
+        return
+    if os.environ.get("RANK", "0") not in ("", "0"):
+        return
+    print(f"study {res.study.name}: {len(res.cells)} runs in {res.wall_s:.0f} s "
+          f"({sum(c['status'] == 'skipped' for c in res.cells)} finished before)")
+    for sentence in study_findings(res.tables):
+        print(f"- {sentence}")
+    print(f"results: {res.out_dir}")
+    print(f"tables: {res.out_dir / 'tables'}")
+    if res.report is not None:
+        print(f"report: {res.report}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

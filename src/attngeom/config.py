@@ -74,6 +74,9 @@ class RunConfig:
         "wikitext-2, openwebtext (default: the shared TinyStories sample)", metavar="CORPUS")
     window_length: int = option(256, help="tokens per window (T), special tokens included")
     start_window: int = option(0, help="index of the first window taken from the corpus")
+    sample_documents: int | None = option(
+        None, help="draw this many documents from the corpus by a hash of each document and "
+        "the seed, then cut windows from them (default: every document, in corpus order)")
     seed: int = option(0, help="seed of the random control, bootstrap and seeded rankers")
     device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
     dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
@@ -107,6 +110,9 @@ class RunConfig:
                 s(self, name, str(value))
         s(self, "window_length", v.integer("window_length", self.window_length, low=2))
         s(self, "start_window", v.integer("start_window", self.start_window, low=0))
+        if self.sample_documents is not None:
+            s(self, "sample_documents",
+              v.integer("sample_documents", self.sample_documents, low=1))
         s(self, "seed", v.integer("seed", self.seed))
         s(self, "batch_size", v.integer("batch_size", self.batch_size, low=1))
         v.one_of("dtype", self.dtype, DTYPES)

@@ -15,6 +15,10 @@ class ConfigError(AttngeomError, ValueError):
     """An argument or configuration value is out of range or malformed."""
 
 
+class StudyError(ConfigError):
+    """A study file is malformed; the message names the file, line and key."""
+
+
 class ModelError(AttngeomError):
     """A model cannot be loaded, or its architecture is not supported."""
 

@@ -184,6 +184,54 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         ) from None
 
 
+def inspect_model(name_or_path: str | os.PathLike) -> dict | None:
+    """Kind and shape of a model from its configuration alone (no weights are read).
+
+    Returns ``is_causal``, ``layers``, ``heads``, ``kv_heads``, ``head_dim``, ``hidden``,
+    ``vocab`` and an estimate of the parameters in billions (``params_b``: embeddings,
+    attention and MLP matrices), or ``None`` for a hub id that cannot be resolved here
+    (offline and not cached). A missing local path is a ``ModelError``.
+    """
+    src = resolve_source(name_or_path)
+    import transformers
+
+    try:
+        with _quiet_loading(transformers, gguf=bool(src.gguf_file)):
+            config = transformers.AutoConfig.from_pretrained(src.source, **src.kwargs())
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
+        if not src.local:
+            return None
+        raise ModelError(
+            f"cannot read the configuration of {src.name!r} ({src.where}): "
+            f"{_first_line(error)}"
+        ) from None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    def get(*names, default=None):
+        for n in names:
+            value = getattr(text, n, None)
+            if value is not None:
+                return value
+        return default
+
+    hidden = int(get("hidden_size", "n_embd", "d_model", default=0))
+    heads = int(get("num_attention_heads", "n_head", default=1))
+    layers = int(get("num_hidden_layers", "n_layer", default=0))
+    kv = int(get("num_key_value_heads", default=heads) or heads)
+    head_dim = int(get("head_dim", default=0) or (hidden // max(heads, 1)))
+    vocab = int(get("vocab_size", default=0))
+    inter = int(get("intermediate_size", "n_inner", default=0) or 4 * hidden)
+    gated = str(get("hidden_act", "activation_function", default="")) in ("silu", "swiglu",
+                                                                           "gelu_pytorch_tanh")
+    attention = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
+    mlp = (3 if gated else 2) * hidden * inter
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    params = layers * (attention + mlp) + vocab * hidden * (1 if tied else 2)
+    return {"is_causal": _is_causal_config(config), "layers": layers, "heads": heads,
+            "kv_heads": kv, "head_dim": head_dim, "hidden": hidden, "vocab": vocab,
+            "params_b": params / 1e9}
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,

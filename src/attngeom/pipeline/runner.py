@@ -252,7 +252,8 @@ def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
 
     policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
     docs, info = read_documents(
-        config.corpus, text_column=config.text_column, separator=config.separator
+        config.corpus, text_column=config.text_column, separator=config.separator,
+        sample=config.sample_documents, seed=config.seed,
     )
     windows = make_windows(
         docs, tokenizer, config.window_length,

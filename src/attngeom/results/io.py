@@ -232,6 +232,12 @@ def write_manifest(run_dir, manifest: dict) -> Path:
     return _atomic_write(run_dir / MANIFEST_NAME, lambda f: f.write(data))
 
 
+def write_json(path, obj) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (as ``write_manifest`` does)."""
+    data = (to_json(obj) + "\n").encode("utf-8")
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
 def read_manifest(run_dir) -> dict:
     """Read ``run_dir/manifest.json``.
 

@@ -90,6 +90,18 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "restrict_nstar": _cols(
         _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f n_star_status:s"
     ),
+    # study tables (``attngeom reproduce``): computed from the runs' tables
+    "regime_stability": _cols(
+        "model:s corpus_a:s corpus_b:s n_heads:i excluded:i agreement:f kappa:f "
+        "n_stable:i stable_agreement:f"
+    ),
+    "geometry_loss": _cols(
+        _ID + "distance:s rule:s variant:s metric:s renormalize:b n_points:i ns:s "
+        "spearman:f"
+    ),
+    "reference_values": _cols(
+        _ID + "quantity:s params:s published:f measured:f source:s location:s quote:s"
+    ),
 }
 
 _MC = ("model", "corpus")
@@ -106,6 +118,9 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "head_scan": (*_MC, "layer", "head"),
     "restrict": (*_MC, "scope", "layer", "head", "n", "renormalize"),
     "restrict_nstar": (*_MC, "scope", "layer", "head", "renormalize", "tau"),
+    "regime_stability": ("model", "corpus_a", "corpus_b"),
+    "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
+    "reference_values": (*_MC, "quantity", "params", "source", "location"),
 }
 
 TABLE_NAMES: tuple[str, ...] = tuple(SCHEMAS)

@@ -1,0 +1,271 @@
+"""``build_study_report(study_dir)``: one self-contained page for a whole study.
+
+It reads ``study.json`` and the combined tables of ``tables/`` (written by
+``attngeom reproduce``) and shows the models side by side: the top-N curves overlaid,
+the sink's geometry by depth, regime shares with their stability and their agreement
+between corpora, pruning and restriction curves, N*_tau, the geometry-versus-loss
+correlation, the published reference values beside the measured ones, and a link to
+every run's own report. Figures are embedded (base64 PNG), PDFs sit beside the page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from attngeom.errors import RunDirError
+from attngeom.figures.study import STUDY_FIGURES
+from attngeom.figures.style import DPI, save
+from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
+from attngeom.results.io import read_table
+from attngeom.results.schemas import TABLE_NAMES
+
+
+def _load(study_dir: Path) -> tuple[dict, dict]:
+    try:
+        record = json.loads((study_dir / "study.json").read_text(encoding="utf-8"))
+    except OSError:
+        raise RunDirError(f"{study_dir} is not a study directory: no study.json") from None
+    except ValueError as e:
+        raise RunDirError(f"cannot read {study_dir / 'study.json'}: {e}") from None
+    tables = {}
+    for name in record.get("tables", {}):
+        if name in TABLE_NAMES:
+            tables[name] = read_table(study_dir / "tables", name)
+    return record, tables
+
+
+def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
+    """Write ``study_dir/report/index.html`` and return its path."""
+    study_dir = Path(study_dir)
+    record, tables = _load(study_dir)
+    out = study_dir / "report"
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    blocks = [("study", "Study", _study_section(record, study_dir))]
+    findings = study_findings(tables)
+    if findings:
+        items = "".join(f"<li>{esc(s)}</li>" for s in findings)
+        blocks.append(("findings", "Findings", f'<ul class="findings">{items}</ul>'))
+    notes = []
+    figures = []
+    for fig_id, title, table, draw, caption in STUDY_FIGURES:
+        df = tables.get(table)
+        if df is None or not len(df):
+            continue
+        try:
+            drawn = draw(df)
+        except (KeyError, ValueError) as e:  # a table without what the figure needs
+            notes.append(f"figure {fig_id} not drawn: {type(e).__name__}: {e}")
+            continue
+        paths = save(drawn.figure, fig_dir, fig_id, formats=formats)
+        png = next(p for p in paths if p.suffix == ".png")
+        pdf = next((p for p in paths if p.suffix == ".pdf"), None)
+        figures.append(figure_html(fig_id, title, caption, png, pdf, [table], DPI, out))
+    if figures:
+        blocks.append(("figures", "Models side by side", "".join(figures)))
+    tab_html = "".join(table_html(df, caption=cap) for cap, df in study_tables(tables))
+    if tab_html:
+        blocks.append(("tables", "Tables across models and corpora", tab_html))
+    blocks.append(("references", "Published values",
+                   _references_section(tables, record.get("reference_notes", {}))))
+    blocks.append(("files", "Files", _files_section(record, study_dir)))
+    if notes:
+        blocks.append(("notes", "Notes",
+                       "".join(f'<p class="note">{esc(n)}</p>' for n in notes)))
+    body = "".join(f'<section id="{esc(a)}"><h2>{esc(h)}</h2>{c}</section>'
+                   for a, h, c in blocks)
+    subtitle = " | ".join(x for x in (
+        f"{len(record.get('cells', []))} runs", f"created {record.get('created', '?')}",
+        f"attngeom {record.get('attngeom_version', '?')}") if x)
+    html = page(record.get("title") or f"attngeom study {record.get('study')}", subtitle,
+                [(a, h) for a, h, _ in blocks], body)
+    index = out / "index.html"
+    index.write_text(html, encoding="utf-8")
+    return index
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _study_section(record: dict, study_dir: Path) -> str:
+    facts = [("study", record.get("study")), ("file", record.get("file")),
+             ("file sha256", record.get("sha256")),
+             ("analyses", ", ".join(record.get("analyses", []))),
+             ("wall time", f"{fmt(record.get('wall_s'))} s")]
+    for label, m in record.get("models", {}).items():
+        shape = m.get("shape") or {}
+        kind = "decoder" if m.get("is_causal") else "encoder" if m.get("is_causal") is False \
+            else "?"
+        facts.append((f"model {label}", f"{m.get('model')} ({kind}, "
+                      f"{fmt(shape.get('layers'))} layers x {fmt(shape.get('heads'))} heads, "
+                      f"{fmt(shape.get('kv_heads'))} kv heads)"))
+    for label, c in record.get("corpora", {}).items():
+        extra = ", ".join(f"{k} {v}" for k, v in c.items() if k != "corpus")
+        facts.append((f"corpus {label}", c.get("corpus") + (f" ({extra})" if extra else "")))
+    parts = []
+    if record.get("description"):
+        parts.append(f"<p>{esc(record['description'])}</p>")
+    parts.append(facts_html(facts))
+    rows = []
+    reports = record.get("run_reports", {})
+    for cell in record.get("cells", []):
+        link = reports.get(cell["directory"])
+        href = f'<a href="../{esc(link)}">report</a>' if link else ""
+        rows.append(
+            f"<tr><td>{esc(cell['model'])}</td><td>{esc(cell['corpus'])}</td>"
+            f"<td>{esc(cell['command'])}</td><td>{esc(cell['status'])}</td>"
+            f"<td>{fmt(cell.get('wall_s'))}</td><td><code>{esc(cell['directory'])}</code></td>"
+            f"<td>{href}</td></tr>")
+    parts.append(
+        '<h3>Runs</h3><div class="tablewrap" id="run-list"><table class="data"><thead><tr>'
+        "<th>model</th><th>corpus</th><th>command</th><th>status</th><th>wall s</th>"
+        "<th>directory</th><th>run report</th></tr></thead><tbody>" + "".join(rows)
+        + "</tbody></table></div>")
+    parts.append(json_details("study.json", record))
+    return "".join(parts)
+
+
+def _files_section(record: dict, study_dir: Path) -> str:
+    rows = [{"table": name, "file": path, "rows": _rows(study_dir / path)}
+            for name, path in record.get("tables", {}).items()]
+    if not rows:
+        return '<p class="note">No tables.</p>'
+    return table_html(pd.DataFrame(rows).set_index("table"), table_id="table-list")
+
+
+def _rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (OSError, ValueError):
+        return -1
+
+
+def _references_section(tables: dict, unavailable: dict) -> str:
+    parts = []
+    ref = tables.get("reference_values")
+    if ref is not None and len(ref):
+        shown = ref.set_index(["model", "corpus", "quantity", "params"])[
+            ["published", "measured", "source", "location", "quote"]]
+        parts.append(table_html(shown, table_id="reference-values"))
+    else:
+        parts.append('<p class="note">No published value matches a model and corpus of this '
+                     "study (values are matched by preset and corpus name).</p>")
+    for source, why in unavailable.items():
+        parts.append(f'<p class="note">{esc(source)}: {esc(why)}</p>')
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- tables, prose
+
+
+def _first_n(summary, wanted: int = 8) -> int | None:
+    ns = sorted(int(n) for n in summary["n"].unique())
+    ns = [n for n in ns if n > 1] or ns
+    return min(ns, key=lambda n: abs(n - wanted)) if ns else None
+
+
+def _headline(summary) -> pd.DataFrame | None:
+    if summary is None or not len(summary):
+        return None
+    rows = summary[(summary["scope"] == "model") & (summary["metric"] == "f_score")
+                   & (summary["variant"] == "full")]
+    if not len(rows):
+        return None
+    return rows.pivot_table(index=["model", "corpus", "distance", "rule"], columns="n",
+                            values="mean")
+
+
+def _regime_shares(taxonomy) -> pd.DataFrame | None:
+    if taxonomy is None or not len(taxonomy):
+        return None
+    t = taxonomy.copy()
+    share = pd.crosstab([t["model"], t["corpus"]], t["regime"], normalize="index")
+    if "stability" in t:
+        share["median stability"] = t.groupby(["model", "corpus"])["stability"].median()
+    return share
+
+
+def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    h = _headline(tables.get("summary"))
+    if h is not None:
+        out.append(("F_N (whole model) by N", h))
+    r = _regime_shares(tables.get("taxonomy"))
+    if r is not None:
+        out.append(("Regime shares and label stability", r))
+    st = tables.get("regime_stability")
+    if st is not None and len(st):
+        out.append(("Regime agreement between corpora", st.set_index(
+            ["model", "corpus_a", "corpus_b"])))
+    sink = tables.get("sink")
+    if sink is not None and len(sink):
+        s = sink[sink["n"] == sink["n"].min()]
+        out.append(("Sink (median over heads and layers)", s.groupby(["model", "corpus"])[
+            ["norm_ratio", "sink_cos_mean", "sink_mass"]].median()))
+    ns = tables.get("restrict_nstar")
+    if ns is not None and len(ns):
+        m = ns[ns["scope"] == "model"]
+        out.append(("Effective set size N*_tau (whole model)", m.pivot_table(
+            index=["model", "corpus", "renormalize"], columns="tau", values="n_star",
+            dropna=False)))
+    gl = tables.get("geometry_loss")
+    if gl is not None and len(gl):
+        out.append(("Geometry against loss: Spearman of F_N and relative delta-NLL over N",
+                    gl.set_index(["model", "corpus", "distance", "renormalize"])[
+                        ["n_points", "ns", "spearman"]]))
+    pr = tables.get("pruning")
+    if pr is not None and len(pr):
+        out.append(("Pruning: perplexity by fraction of heads kept (mean over seeds)",
+                    pr.pivot_table(index=["model", "corpus", "keep_fraction"],
+                                   columns="ranker", values="perplexity")))
+    hs = tables.get("head_scan")
+    if hs is not None and len(hs):
+        top = hs.sort_values("delta_nll_rel", ascending=False).groupby(
+            ["model", "corpus"]).head(3)
+        out.append(("Most critical heads (single-head removal)", top.set_index(
+            ["model", "corpus", "layer", "head"])[["delta_nll_rel", "critical"]]))
+    return out
+
+
+def study_findings(tables: dict) -> list[str]:
+    """Plain sentences with the study's main numbers, one group per model and corpus."""
+    out = []
+    summary = tables.get("summary")
+    if summary is not None and len(summary):
+        n = _first_n(summary)
+        rows = summary[(summary["scope"] == "model") & (summary["metric"] == "f_score")
+                       & (summary["variant"] == "full") & (summary["n"] == n)
+                       & (summary["distance"] == "euclidean")]
+        for (m, c), g in rows.groupby(["model", "corpus"], sort=True):
+            by = {r: g[g["rule"] == r] for r in ("attention", "random")}
+            if len(by["attention"]) and len(by["random"]):
+                a, r = by["attention"].iloc[0], by["random"].iloc[0]
+                out.append(f"{m} on {c}: F_{n} = {fmt(a['mean'])} [{fmt(a['ci_low'])}, "
+                           f"{fmt(a['ci_high'])}] for the attention-selected set against "
+                           f"{fmt(r['mean'])} for random sets of the same size.")
+    st = tables.get("regime_stability")
+    if st is not None:
+        for row in st.itertuples(index=False):
+            out.append(f"{row.model}: the same regime on {row.corpus_a} and {row.corpus_b} "
+                       f"for {fmt(100 * row.agreement)}% of {row.n_heads} heads (Cohen's kappa "
+                       f"{fmt(row.kappa)}).")
+    ns = tables.get("restrict_nstar")
+    if ns is not None and len(ns):
+        m = ns[(ns["scope"] == "model") & (~ns["renormalize"].astype(bool))]
+        for (model, corpus), g in m.groupby(["model", "corpus"], sort=True):
+            parts = ", ".join(f"N*_{fmt(100 * t)}% = {fmt(v)}" for t, v in
+                              zip(g["tau"], g["n_star"], strict=True))
+            out.append(f"{model} on {corpus}, top-N restriction without renormalisation: "
+                       f"{parts}.")
+    gl = tables.get("geometry_loss")
+    if gl is not None:
+        for row in gl.itertuples(index=False):
+            out.append(f"{row.model} on {row.corpus}: Spearman correlation of F_N with the "
+                       f"restriction's relative delta-NLL over N = {row.ns}: "
+                       f"{fmt(row.spearman)}.")
+    return out

@@ -1,0 +1,302 @@
+"""``attngeom reproduce STUDY.toml --out DIR``: every cell of a study, then its steps, then
+one report.
+
+1. The study file is read and checked (``studies.study``); nothing has loaded yet.
+2. ``--dry-run`` stops here and lists the cells: command, windows, memory estimate.
+3. Each cell runs through the common runner (``pipeline.runner.execute``) in
+   ``DIR/runs/MODEL/CORPUS/COMMAND``: a finished cell (its manifest holds the same
+   configuration) is skipped without loading anything, an unfinished one resumes from
+   its shards. A model loads once for all its cells.
+4. The same table of every run is written side by side to ``DIR/tables/NAME.parquet``
+   (model and corpus columns), beside the study's own tables: ``regime_stability``
+   (taxonomy between corpora), ``geometry_loss`` (Spearman of F_N and the
+   restriction's delta-NLL over N) and ``reference_values`` (published numbers beside
+   the measured ones).
+5. ``DIR/study.json`` records the study, its cells and what each did;
+   ``DIR/report/index.html`` is the study report, linking every run's own report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attngeom.errors import RunDirError
+from attngeom.studies.study import Cell, Study, find_study, load_study
+
+STUDY_FILE = "study.json"
+_OWN = {STUDY_FILE, "runs", "tables", "report"}
+
+
+@dataclass
+class StudyResult:
+    study: Study
+    out_dir: Path | None
+    plan: object  # pandas DataFrame, one row per cell
+    tables: dict = field(default_factory=dict)
+    report: Path | None = None
+    cells: list = field(default_factory=list)  # dicts: model, corpus, command, status, ...
+    wall_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _windows(cell: Cell) -> str:
+    cfg = cell.config
+    needed = cfg.windows_needed
+    text = "every window" if needed is None else str(needed)
+    if cfg.sample_documents:
+        text += f" (of {cfg.sample_documents} sampled documents)"
+    return text
+
+
+def cell_memory_gb(study: Study, cell: Cell) -> float:
+    """Estimated device memory of the cell's process (NaN when the shape is unknown)."""
+    from attngeom.studies.presets import estimate_memory_gb
+
+    shape = study.models[cell.model].shape
+    if not shape:
+        return float("nan")
+    return estimate_memory_gb(
+        params_b=shape["params_b"], layers=shape["layers"], hidden=shape["hidden"],
+        kv_dim=shape["kv_heads"] * shape["head_dim"], heads=shape["heads"],
+        vocab=shape["vocab"], window_length=cell.config.window_length,
+        batch_size=cell.config.batch_size, dtype=cell.config.dtype, command=cell.command)
+
+
+def plan(study: Study):
+    """One row per cell: what runs where, on how many windows, with how much memory."""
+    import pandas as pd
+
+    rows = []
+    for cell in study.cells:
+        m = study.models[cell.model]
+        rows.append({
+            "model": cell.model, "corpus": cell.corpus, "command": cell.command,
+            "analyses": ",".join(getattr(cell.config, "analyses", ())) or "-",
+            "windows": _windows(cell), "T": cell.config.window_length,
+            "dtype": cell.config.dtype, "memory_gb": round(cell_memory_gb(study, cell), 2),
+            "source": m.model if m.available else f"{m.model} (not in the local cache)",
+            "directory": str(cell.directory),
+        })
+    return pd.DataFrame(rows)
+
+
+def format_plan(study: Study, table) -> str:
+    lines = [f"study {study.name}: {len(study.cells)} cells "
+             f"({len(study.models)} models x {len(study.corpora)} corpora), analyses "
+             f"{', '.join(study.analyses)}"]
+    shown = table.drop(columns=["source", "directory"])
+    lines.append(shown.to_string(index=False))
+    missing = [m for m in study.models.values() if not m.available]
+    for m in missing:
+        gated = getattr(m.preset, "gated", False)
+        lines.append(f"model {m.label}: {m.model} is not in the local cache (offline); it is "
+                     "downloaded when the study runs with the hub reachable"
+                     + ("; gated: accept its licence on the hub and log in first" if gated
+                        else ""))
+    steps = [s for s in ("cross_corpus", "geometry_vs_loss") if s in study.analyses]
+    if steps:
+        lines.append(f"then: {', '.join(steps)}, the combined tables and the study report")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _finished(directory: Path, cell: Cell) -> bool:
+    from attngeom.results.io import read_manifest
+    from attngeom.results.manifest import config_fingerprint
+
+    if not (directory / "manifest.json").is_file():
+        return False
+    try:
+        manifest = read_manifest(directory)
+    except RunDirError:
+        return False
+    return (manifest.get("command") == cell.command and manifest.get("fingerprint")
+            == config_fingerprint(cell.config.fingerprint_dict()))
+
+
+def _check_out(out: Path, study: Study, overwrite: bool) -> None:
+    from attngeom.pipeline.runner import check_writable
+
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"expected a study directory, got {out} (a file)")
+    if out.is_dir():
+        entries = {p.name for p in out.iterdir()}
+        foreign = sorted(entries - _OWN)
+        if foreign:
+            raise RunDirError(f"{out} holds files a study did not write ({', '.join(foreign[:5])})"
+                              "; choose an empty or new directory")
+        if STUDY_FILE in entries and not overwrite:
+            try:
+                old = json.loads((out / STUDY_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                old = {}
+            if old.get("study") != study.name:
+                raise RunDirError(f"{out} holds study {old.get('study')!r}, not "
+                                  f"{study.name!r}; pass --overwrite or choose another "
+                                  "directory")
+    check_writable(out)
+
+
+def reproduce(study_file, out=None, *, dry_run: bool = False, overwrite: bool = False,
+              progress: bool = True, reports: bool = True) -> StudyResult:
+    """Run (or with ``dry_run`` only plan) the study in ``study_file`` into ``out``."""
+    study = study_file if isinstance(study_file, Study) else load_study(find_study(
+        str(study_file)))
+    table = plan(study)
+    if dry_run:
+        return StudyResult(study=study, out_dir=None, plan=table)
+    if out is None:
+        raise RunDirError("reproduce needs an output directory (--out)")
+    out = Path(out)
+    _check_out(out, study, overwrite)
+    t0 = time.perf_counter()
+    done = _run_cells(study, out, overwrite=overwrite, progress=progress)
+    tables = _study_tables(study, out, done)
+    run_reports = {}
+    if reports:
+        from attngeom.report import build_report
+
+        for rec in done:
+            directory = out / rec["directory"]
+            index = directory / "report" / "index.html"
+            if rec["status"] != "skipped" or not index.is_file():
+                build_report(directory)
+            run_reports[rec["directory"]] = str(index.relative_to(out))
+    result = StudyResult(study=study, out_dir=out, plan=table, tables=tables, cells=done,
+                         wall_s=time.perf_counter() - t0)
+    _write_study_json(out, study, done, tables, result.wall_s, run_reports)
+    if reports:
+        from attngeom.report.study import build_study_report
+
+        result.report = build_study_report(out)
+    return result
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        import sys
+
+        print(text, file=sys.stderr, flush=True)
+
+
+def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> list[dict]:
+    from attngeom.pipeline.runner import Distributed, execute
+    from attngeom.results.state import run_states
+
+    commands = _commands()
+    done = []
+    loaded_key, loaded = None, None
+    for i, cell in enumerate(study.cells, start=1):
+        directory = out / cell.directory
+        rec = {"model": cell.model, "corpus": cell.corpus, "command": cell.command,
+               "directory": cell.directory.as_posix()}
+        head = f"[{i}/{len(study.cells)}] {cell.name}"
+        if not overwrite and _finished(directory, cell):
+            _say(progress, f"{head}: finished before, skipped")
+            rec.update(status="skipped", wall_s=0.0)
+            done.append(rec)
+            continue
+        cfg = cell.config
+        key = (cfg.model, cfg.dtype, cfg.device, cfg.device_map)
+        if key != loaded_key:
+            loaded = None  # free the previous model before the next one loads
+            loaded = _load(cfg, Distributed.from_env(cfg.device))
+            loaded_key = key
+        resumed = bool(run_states(directory))  # shards of an unfinished run are there
+        _say(progress, f"{head}: {'resuming' if resumed else 'running'}")
+        t = time.perf_counter()
+        execute(commands[cell.command], cfg, directory, overwrite=overwrite,
+                progress=progress, model_and_tokenizer=loaded)
+        rec.update(status="resumed" if resumed else "run", wall_s=time.perf_counter() - t)
+        done.append(rec)
+    return done
+
+
+def _load(cfg, dist):
+    from attngeom.capture import load_model
+
+    return load_model(cfg.model, device=dist.device(cfg.device), dtype=cfg.dtype,
+                      device_map=cfg.device_map)
+
+
+def _commands() -> dict:
+    from attngeom.pipeline.analyze import Analyze
+    from attngeom.pipeline.interventions import Prune, Restrict, ScanHeads
+
+    return {"analyze": Analyze(), "prune": Prune(), "scan-heads": ScanHeads(),
+            "restrict": Restrict()}
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
+    from attngeom.pipeline.compare import compare_runs
+    from attngeom.results.io import available_tables, read_table, write_table
+    from attngeom.studies import combine, references
+
+    per_table: dict[str, list] = {}
+    for rec in done:
+        directory = out / rec["directory"]
+        for name in available_tables(directory):
+            per_table.setdefault(name, []).append(read_table(directory, name))
+    tables = {name: combine.combine(frames) for name, frames in per_table.items()}
+
+    if "cross_corpus" in study.analyses:
+        ms, cs = study.filters["cross_corpus"]
+        pairs = []
+        for m in ms:
+            dirs = {c: out / cell.directory for cell in study.cells_of("analyze")
+                    for c in [cell.corpus]
+                    if cell.model == m and c in cs and "taxonomy" in cell.config.analyses}
+            for a, b in itertools.combinations(sorted(dirs), 2):
+                pairs.append((m, a, b, compare_runs(dirs[a], dirs[b])))
+        tables["regime_stability"] = combine.regime_stability(pairs)
+    if "geometry_vs_loss" in study.analyses:
+        section = study.filters["geometry_vs_loss"]
+        renorm = study.options.get("geometry_vs_loss", {}).get("renormalize", False)
+        g = combine.geometry_loss(tables.get("summary"), tables.get("restrict"),
+                                  renormalize=(bool(renorm),))
+        pairs = set(itertools.product(*section))
+        g = g[[(m, c) in pairs for m, c in zip(g["model"], g["corpus"], strict=True)]]
+        tables["geometry_loss"] = g.reset_index(drop=True)
+    tables["reference_values"] = combine.reference_values(study, tables,
+                                                          references.REFERENCES)
+    target = out / "tables"
+    target.mkdir(parents=True, exist_ok=True)
+    for old in target.glob("*.parquet"):
+        if old.stem not in tables:
+            old.unlink()
+    for name, df in tables.items():
+        write_table(target, name, df)
+    return tables
+
+
+def _write_study_json(out: Path, study: Study, done, tables, wall_s, run_reports) -> None:
+    from attngeom.results.io import write_json
+    from attngeom.results.manifest import attngeom_version
+    from attngeom.studies import references
+
+    record = {
+        "study": study.name, "title": study.title, "description": study.description,
+        "file": str(study.path), "sha256": study.sha256, "analyses": list(study.analyses),
+        "attngeom_version": attngeom_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "models": {k: {"model": m.model, "preset": getattr(m.preset, "name", None),
+                       "is_causal": m.is_causal, "shape": m.shape}
+                   for k, m in study.models.items()},
+        "corpora": {k: {"corpus": c.corpus, **c.options} for k, c in study.corpora.items()},
+        "cells": done, "run_reports": run_reports,
+        "reference_notes": dict(getattr(references, "UNAVAILABLE", {})),
+        "tables": {name: f"tables/{name}.parquet" for name in tables},
+        "wall_s": round(wall_s, 3),
+    }
+    write_json(out / STUDY_FILE, record)
