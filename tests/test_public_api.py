@@ -10,7 +10,8 @@ import attngeom.interventions
 
 PUBLIC = {
     "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
-    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "restrict",
+    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "reproduce",
+    "restrict",
     "scan_heads",
 }
 

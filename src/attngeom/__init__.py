@@ -16,13 +16,14 @@ __version__ = "0.1.0"
 
 _API = (
     "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
-    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "restrict",
+    "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "reproduce",
+    "restrict",
     "scan_heads",
 )
 
 _SUBMODULES = (
     "api", "assets", "capture", "cli", "config", "core", "errors", "figures", "geometry",
-    "interventions", "names", "pipeline", "report", "results", "validate",
+    "interventions", "names", "pipeline", "report", "results", "studies", "validate",
 )
 
 __all__ = ["__version__", *_API]

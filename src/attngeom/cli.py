@@ -274,22 +274,9 @@ def format_sink_and_regimes(res) -> str:
 
 
 def _print_study(res) -> None:
-    from attngeom.report.study import study_findings
-    from attngeom.studies.reproduce import format_plan
-
-    if res.out_dir is None:  # a dry run
-        print(format_plan(res.study, res.plan))
-        return
-    if os.environ.get("RANK", "0") not in ("", "0"):
-        return
-    print(f"study {res.study.name}: {len(res.cells)} runs in {res.wall_s:.0f} s "
-          f"({sum(c['status'] == 'skipped' for c in res.cells)} finished before)")
-    for sentence in study_findings(res.tables):
-        print(f"- {sentence}")
-    print(f"results: {res.out_dir}")
-    print(f"tables: {res.out_dir / 'tables'}")
-    if res.report is not None:
-        print(f"report: {res.report}")
+    if res.out_dir is not None and os.environ.get("RANK", "0") not in ("", "0"):
+        return  # one process of a data-parallel run prints, the first
+    print(res.summary())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@ The math lives in ``geometry.topn_metrics`` (and ``bounds``); this object only k
 the sufficient statistics of each (window, layer, rule, variant, distance): sums of
 every metric over valid (query, repeat) entries and their counts, per head and N.
 Query chunks of one window add up; shards of a run (disjoint windows) merge by
-adding, so a merged accumulator equals one that saw every window (ROADMAP).
+adding, so a merged accumulator equals one that saw every window.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ A run directory holds one ``NAME.parquet`` per table of ``schemas.SCHEMAS`` and 
 ``manifest.json`` (docs/internals.md). Every write is atomic: the bytes go to a
 hidden temporary file in the same directory, which is then renamed over the target
 (``os.replace``), so a run killed at any point leaves either the old file or the new
-one, never half of one (ROADMAP: resume). Table files are deterministic: the same
-rows give the same bytes, whatever order they came in, because rows are sorted by
-the table's key columns (``schemas.ROW_KEYS``), columns follow the schema and no
-timestamp or pandas metadata is stored. The only non-deterministic value of a run,
-the manifest's ``created`` time, stays out of the tables.
+one, never half of one (a killed run resumes from its shards). Table files are
+deterministic: the same rows give the same bytes, whatever order they came in,
+because rows are sorted by the table's key columns (``schemas.ROW_KEYS``), columns
+follow the schema and no timestamp or pandas metadata is stored. The only
+non-deterministic value of a run, the manifest's ``created`` time, stays out of the
+tables.
 
 >>> import tempfile, pandas as pd
 >>> d = prepare_run_dir(tempfile.mkdtemp(), command="demo", fingerprint="abc")

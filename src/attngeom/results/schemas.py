@@ -4,7 +4,7 @@
 table ``name`` is ``name.parquet`` and holds these columns first, in this order, then
 any extra columns in the order the writer gave them. ``ROW_KEYS`` names the columns a
 table's rows are sorted by before writing, so that the same rows give the same file
-whatever order they were produced in (ROADMAP: shards merged must equal one run).
+whatever order they were produced in (shards merged must equal one run).
 
 Dtypes are one of ``"string"``, ``"int64"``, ``"float64"``, ``"bool"``. Integer-valued
 quantities that can be undefined (``largest_certified_n``, ``n_star``) are float64 so

@@ -41,6 +41,22 @@ class StudyResult:
     cells: list = field(default_factory=list)  # dicts: model, corpus, command, status, ...
     wall_s: float = 0.0
 
+    def summary(self) -> str:
+        """What the CLI prints: the plan of a dry run, else the main numbers and where
+        the results and the report are."""
+        if self.out_dir is None:
+            return format_plan(self.study, self.plan)
+        from attngeom.report.study import study_findings
+
+        skipped = sum(c["status"] == "skipped" for c in self.cells)
+        lines = [f"study {self.study.name}: {len(self.cells)} runs in {self.wall_s:.0f} s "
+                 f"({skipped} finished before)"]
+        lines += [f"- {sentence}" for sentence in study_findings(self.tables)]
+        lines += [f"results: {self.out_dir}", f"tables: {self.out_dir / 'tables'}"]
+        if self.report is not None:
+            lines.append(f"report: {self.report}")
+        return "\n".join(lines)
+
 
 # --------------------------------------------------------------------------- plan
 
