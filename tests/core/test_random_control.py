@@ -275,3 +275,32 @@ def test_random_rule_orders_by_ascending_keys(impl, distance):
             want = np.asarray(getattr(att, name))[0, 0, 0]
             # counts agree exactly; 1e-7 leaves room for the float64 radii near D = 0
             np.testing.assert_allclose(got, want, atol=1e-7, err_msg=f"{name}, repeat {k}")
+
+
+def _split_mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 by 16-bit halves: no intermediate passes 2**63."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return ((lo * c) + (((hi * c) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("compile_on", [False, True])
+def test_wrapping_multiply_equals_the_split_one(compile_on):
+    # the random keys rest on this: (x * c) & M32 with an int64 product that wraps
+    from attngeom.core import kernels
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2**32, (200_000,), dtype=torch.int64, generator=g)
+    x[:5] = torch.tensor([0, 1, 2**31, 2**32 - 2, 2**32 - 1])
+    with kernels.compiling(compile_on):
+        for c in (kernels._C1, kernels._C2, 2**32 - 1):
+            fn = kernels.compiled(kernels._mul32)
+            assert torch.equal(fn(x, c), _split_mul32(x, c))
+
+
+def test_keys_are_those_of_the_split_multiply(monkeypatch):
+    # the same keys as the overflow-free multiply the tables were first made with
+    from attngeom.core import kernels
+
+    fast = keys(seed=3, window=5, layer=2, num_keys=64)
+    monkeypatch.setattr(kernels, "_mul32", _split_mul32)
+    assert torch.equal(fast, keys(seed=3, window=5, layer=2, num_keys=64))

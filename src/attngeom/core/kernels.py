@@ -155,10 +155,14 @@ _GOLDEN = 0x9E3779B9
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
-    """(x * c) mod 2**32 for 0 <= x < 2**32, without int64 overflow."""
-    lo = x & 0xFFFF
-    hi = x >> 16
-    return ((lo * c) + (((hi * c) & 0xFFFF) << 16)) & _M32
+    """(x * c) mod 2**32 for 0 <= x < 2**32 and c < 2**32.
+
+    The int64 product may pass 2**63; torch's integer multiply wraps modulo 2**64 (two's
+    complement, on CPU, compiled C++ and CUDA alike), and the low 32 bits of a product
+    modulo 2**64 are those of the true product. ``tests/core/test_random_control.py``
+    checks this against a split multiply that never overflows, plain and compiled.
+    """
+    return (x * c) & _M32
 
 
 def hash32(x: Tensor) -> Tensor:
