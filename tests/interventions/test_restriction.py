@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from architectures import ARCHITECTURES, make_inputs, make_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attngeom.capture import (
     attention_output_projections,
@@ -188,3 +190,27 @@ def test_restriction_inside_capture_is_refused():
         restrict_topn(model, 2).__enter__()
     assert model.config._attn_implementation == "sdpa"
 
+
+
+def _sorted_keep(probs, visible, n):
+    """The rule written as a stable sort: the first n visible entries by descending p."""
+    visible = visible.expand_as(probs)
+    score = torch.where(visible, probs, torch.full_like(probs, -1.0))
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+    keep = torch.zeros_like(visible)
+    keep.scatter_(-1, order[..., :n], True)
+    return keep & visible
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 6), t=st.integers(1, 24), n=st.integers(1, 30),
+       levels=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_topn_keep_equals_the_stable_sort(rows, t, n, levels, seed):
+    g = torch.Generator().manual_seed(seed)
+    # few distinct values: ties everywhere, across the n-th place too
+    probs = torch.randint(0, levels, (rows, t), generator=g).to(torch.float32) / levels
+    visible = torch.rand(rows, t, generator=g) < 0.8
+    assert torch.equal(topn_keep(probs, visible, n), _sorted_keep(probs, visible, n))
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    p = torch.rand(rows, t, t, generator=g)
+    assert torch.equal(topn_keep(p, causal, n), _sorted_keep(p, causal, n))

@@ -23,16 +23,18 @@ def _groups(df):
     return [(str(m), str(c)) for m, c in keys]
 
 
-def _styles(groups):
-    """One colour per model, one line style per corpus."""
-    models = list(dict.fromkeys(m for m, _ in groups))
-    corpora = list(dict.fromkeys(c for _, c in groups))
+def _styles(groups, models=None, corpora=None):
+    """One colour per model, one line style per corpus; ``models`` / ``corpora`` (the
+    study's order) keep a model's colour the same in every figure of a report."""
+    models = list(dict.fromkeys([*(models or ()), *(m for m, _ in groups)]))
+    corpora = list(dict.fromkeys([*(corpora or ()), *(c for _, c in groups)]))
     return {(m, c): (style.color_cycle(models.index(m)), _DASHES[corpora.index(c) % 4])
             for m, c in groups}
 
 
 @styled
-def fig_study_topn(summary, *, metric: str = "f_score", distance: str = "euclidean") -> Drawn:
+def fig_study_topn(summary, *, metric: str = "f_score", distance: str = "euclidean",
+                   models=None, corpora=None) -> Drawn:
     """Whole-model F_N against N for every model and corpus (attention rule), with the
     random control of the same run as a thin grey line beneath it."""
     fig, ax = style.new_figure(style.COLUMN_WIDTH * 1.6, style.PANEL_HEIGHT * 1.3)
@@ -40,7 +42,7 @@ def fig_study_topn(summary, *, metric: str = "f_score", distance: str = "euclide
                    & (summary["variant"] == "full") & (summary["distance"] == distance)]
     drawn = Drawn(ax=ax)
     groups = _groups(rows)
-    looks = _styles(groups)
+    looks = _styles(groups, models, corpora)
     for key in groups:
         g = rows[(rows["model"] == key[0]) & (rows["corpus"] == key[1])]
         color, dash = looks[key]
@@ -65,14 +67,14 @@ def fig_study_topn(summary, *, metric: str = "f_score", distance: str = "euclide
 
 
 @styled
-def fig_study_sink(sink) -> Drawn:
+def fig_study_sink(sink, *, models=None, corpora=None) -> Drawn:
     """Median over heads of the sink's value-norm ratio and of its attention mass, by
     relative depth (layer / (layers - 1)), every model and corpus."""
     fig, (a, b) = style.new_figure(style.COLUMN_WIDTH * 2, style.PANEL_HEIGHT * 1.2, ncols=2)
     rows = sink[sink["n"] == sink["n"].min()] if "n" in sink.columns else sink
     drawn = Drawn(ax=a)
     groups = _groups(rows)
-    looks = _styles(groups)
+    looks = _styles(groups, models, corpora)
     for key in groups:
         g = rows[(rows["model"] == key[0]) & (rows["corpus"] == key[1])]
         per = g.groupby("layer")[["norm_ratio", "sink_mass"]].median().sort_index()
@@ -93,12 +95,13 @@ def fig_study_sink(sink) -> Drawn:
     b.set_ylabel("median attention mass on the sink")
     b.set_ylim(0, 1)
     if drawn.lines:
-        drawn.legend = a.legend(fontsize="small", loc="best")
+        drawn.legend = b.legend(handles=list(drawn.lines.values()), fontsize="small",
+                                loc="upper left")
     return drawn
 
 
 @styled
-def fig_study_regimes(taxonomy, *, stable: float = STABLE) -> Drawn:
+def fig_study_regimes(taxonomy, *, stable: float = STABLE, models=None, corpora=None) -> Drawn:
     """Share of heads in each regime per model and corpus; the hatched part of a bar is
     the heads whose label stability is below ``stable``."""
     groups = _groups(taxonomy)
@@ -138,7 +141,7 @@ def fig_study_regimes(taxonomy, *, stable: float = STABLE) -> Drawn:
 
 
 @styled
-def fig_study_pruning(pruning) -> Drawn:
+def fig_study_pruning(pruning, *, models=None, corpora=None) -> Drawn:
     """Perplexity relative to the full model against the fraction of heads kept, one
     panel per model and corpus, one line per ranker (mean over seeds)."""
     groups = _groups(pruning)
@@ -164,14 +167,14 @@ def fig_study_pruning(pruning) -> Drawn:
 
 
 @styled
-def fig_study_restrict(restrict) -> Drawn:
+def fig_study_restrict(restrict, *, models=None, corpora=None) -> Drawn:
     """Whole-model top-N restriction: relative delta-NLL against N for every model and
     corpus, without renormalisation (solid markers) and with it (open markers)."""
     fig, ax = style.new_figure(style.COLUMN_WIDTH * 1.6, style.PANEL_HEIGHT * 1.3)
     rows = restrict[restrict["scope"] == "model"]
     drawn = Drawn(ax=ax)
     groups = _groups(rows)
-    looks = _styles(groups)
+    looks = _styles(groups, models, corpora)
     for key in groups:
         color, dash = looks[key]
         for renorm in (False, True):

@@ -56,7 +56,8 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
         if df is None or not len(df):
             continue
         try:
-            drawn = draw(df)
+            drawn = draw(df, models=list(record.get("models", {})),
+                         corpora=list(record.get("corpora", {})))
         except (KeyError, ValueError) as e:  # a table without what the figure needs
             notes.append(f"figure {fig_id} not drawn: {type(e).__name__}: {e}")
             continue
