@@ -183,3 +183,26 @@ def test_shipped_studies_validate(name, cells, models, capsys):
         docs = {c.corpus: c.config.sample_documents for c in study.cells_of("analyze")}
         assert docs == {"openwebtext": 256, "wikitext-103": 254}
         assert {c.config.seed for c in study.cells} == {2027}
+
+
+def test_demo_command_runs_the_demo_study(monkeypatch, tmp_path, capsys):
+    from attngeom import api
+
+    seen = {}
+
+    class Done:
+        def summary(self):
+            return "summary printed"
+
+        out_dir = tmp_path
+
+    def fake(study, out, **kwargs):
+        seen.update(study=study, out=out)
+        return Done()
+
+    monkeypatch.setattr(api, "reproduce", fake)
+    assert main(["demo", "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    assert seen == {"study": "demo", "out": str(tmp_path / "d")}
+    assert "summary printed" in capsys.readouterr().out
+    makefile = (ROOT / "Makefile").read_text()
+    assert "attngeom reproduce studies/demo.toml --out runs/demo" in makefile
