@@ -39,6 +39,7 @@ STORIES_HF = Path(__file__).resolve().parents[2].parent / "shared" / "assets" / 
 INTERNALS_TABLES = (
     "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
     "pruning", "rankings", "head_scan", "restrict", "restrict_nstar",
+    "regime_stability", "geometry_loss", "reference_values",  # written by reproduce
 )
 
 

@@ -56,7 +56,7 @@ def test_regime_stability_between_corpora_matches_compare(tiny_study):
     assert sorted(st["model"]) == ["minilm", "stories"]
     row = st[st["model"] == "stories"].iloc[0]
     direct = compare_runs(out / "runs/stories/tiny/analyze", out / "runs/stories/wiki/analyze")
-    assert (row["corpus_a"], row["corpus_b"]) == ("tiny", "wiki")
+    assert (row["corpus"], row["other_corpus"]) == ("tiny", "wiki")
     assert row["n_heads"] == direct.n_heads and row["agreement"] == direct.agreement
 
 

@@ -202,7 +202,7 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
     st = tables.get("regime_stability")
     if st is not None and len(st):
         out.append(("Regime agreement between corpora", st.set_index(
-            ["model", "corpus_a", "corpus_b"])))
+            ["model", "corpus", "other_corpus"])))
     sink = tables.get("sink")
     if sink is not None and len(sink):
         s = sink[sink["n"] == sink["n"].min()]
@@ -252,7 +252,7 @@ def study_findings(tables: dict) -> list[str]:
     st = tables.get("regime_stability")
     if st is not None:
         for row in st.itertuples(index=False):
-            out.append(f"{row.model}: the same regime on {row.corpus_a} and {row.corpus_b} "
+            out.append(f"{row.model}: the same regime on {row.corpus} and {row.other_corpus} "
                        f"for {fmt(100 * row.agreement)}% of {row.n_heads} heads (Cohen's kappa "
                        f"{fmt(row.kappa)}).")
     ns = tables.get("restrict_nstar")

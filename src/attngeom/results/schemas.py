@@ -92,7 +92,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     ),
     # study tables (``attngeom reproduce``): computed from the runs' tables
     "regime_stability": _cols(
-        "model:s corpus_a:s corpus_b:s n_heads:i excluded:i agreement:f kappa:f "
+        _ID + "other_corpus:s n_heads:i excluded:i agreement:f kappa:f "
         "n_stable:i stable_agreement:f"
     ),
     "geometry_loss": _cols(
@@ -118,7 +118,7 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "head_scan": (*_MC, "layer", "head"),
     "restrict": (*_MC, "scope", "layer", "head", "n", "renormalize"),
     "restrict_nstar": (*_MC, "scope", "layer", "head", "renormalize", "tau"),
-    "regime_stability": ("model", "corpus_a", "corpus_b"),
+    "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
 }

@@ -73,13 +73,13 @@ def geometry_loss(summary: pd.DataFrame, restrict: pd.DataFrame, *, renormalize=
 
 
 def regime_stability(comparisons: list[tuple[str, str, str, object]]) -> pd.DataFrame:
-    """One row per (model, corpus a, corpus b) from ``compare.Comparison`` objects."""
+    """One row per (model, corpus, other corpus) from ``compare.Comparison`` objects."""
     rows = [{
-        "model": model, "corpus_a": a, "corpus_b": b, "n_heads": c.n_heads,
+        "model": model, "corpus": a, "other_corpus": b, "n_heads": c.n_heads,
         "excluded": c.excluded, "agreement": c.agreement, "kappa": c.kappa,
         "n_stable": c.n_stable, "stable_agreement": c.stable_agreement,
     } for model, a, b, c in comparisons]
-    return pd.DataFrame(rows, columns=["model", "corpus_a", "corpus_b", "n_heads", "excluded",
+    return pd.DataFrame(rows, columns=["model", "corpus", "other_corpus", "n_heads", "excluded",
                                        "agreement", "kappa", "n_stable", "stable_agreement"])
 
 
