@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install browser bench clean
+.PHONY: demo test lint install browser bench bench-memory clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,9 @@ test: install browser lint
 
 bench: install
 	$(BIN)/python benchmarks/bench_analysis.py --compile --json benchmarks/results-cpu.json
+
+bench-memory: install
+	$(BIN)/python benchmarks/bench_memory.py --json benchmarks/results-memory-cpu.json
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache .hypothesis
