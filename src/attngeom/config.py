@@ -74,6 +74,10 @@ class RunConfig:
         "wikitext-2, openwebtext (default: the shared TinyStories sample)", metavar="CORPUS")
     window_length: int = option(256, help="tokens per window (T), special tokens included")
     start_window: int = option(0, help="index of the first window taken from the corpus")
+    windows_per_document: int | None = option(
+        None, help="cut each document alone and take its first K windows (a document too "
+        "short for one gives none; default: documents joined into one stream)",
+        metavar="K")
     sample_documents: int | None = option(
         None, help="draw this many documents from the corpus by a hash of each document and "
         "the seed, then cut windows from them (default: every document, in corpus order)")
@@ -110,6 +114,9 @@ class RunConfig:
                 s(self, name, str(value))
         s(self, "window_length", v.integer("window_length", self.window_length, low=2))
         s(self, "start_window", v.integer("start_window", self.start_window, low=0))
+        if self.windows_per_document is not None:
+            s(self, "windows_per_document",
+              v.integer("windows_per_document", self.windows_per_document, low=1))
         if self.sample_documents is not None:
             s(self, "sample_documents",
               v.integer("sample_documents", self.sample_documents, low=1))

@@ -403,3 +403,47 @@ def test_window_repr_and_fingerprint_types():
     same = Window(3, torch.arange(5, dtype=torch.int32))
     assert window_fingerprint([w]) == window_fingerprint([same])
     assert window_fingerprint([w]) != window_fingerprint([Window(4, torch.arange(5))])
+
+
+# --------------------------------------------------------------------------- per document
+
+
+def test_document_windows_start_at_documents_and_skip_short_ones(stories_tok, minilm_tok):
+    from attngeom.pipeline.windows import document_windows, make_windows
+
+    docs, _ = read_documents(str(TINYSTORIES), max_documents=40)
+    docs = docs[:5] + ["Too short.", "Also short."] + docs[5:]
+    for tok in (stories_tok, minilm_tok):
+        T = 48
+        windows, short = document_windows(docs, tok, T, 1)
+        long_docs = []
+        for d in docs:
+            try:
+                long_docs.append(make_windows([d], tok, T, n_windows=1)[0])
+            except Exception:  # noqa: BLE001 - too short for one window
+                continue
+        assert short == len(docs) - len(long_docs) == 2
+        assert [w.index for w in windows] == list(range(len(long_docs)))
+        for w, ref in zip(windows, long_docs, strict=True):
+            assert torch.equal(w.input_ids, ref.input_ids) and len(w) == T
+            assert torch.equal(w.special, ref.special)
+        if tok is stories_tok:  # every window begins with its document's BOS
+            assert {int(w.input_ids[0]) for w in windows} == {tok.bos_token_id}
+    # two per document, a range of them, and the same windows whatever range is asked
+    two, _ = document_windows(docs, stories_tok, 32, 2)
+    part, _ = document_windows(docs, stories_tok, 32, 2, start_window=3, n_windows=4)
+    assert [w.index for w in part] == [3, 4, 5, 6]
+    assert all(torch.equal(a.input_ids, two[a.index].input_ids) for a in part)
+    with pytest.raises(ConfigError, match="windows_per_document"):
+        document_windows(docs, stories_tok, 32, 0)
+
+
+def test_analyze_with_one_window_per_document_records_the_short_ones(tmp_path):
+    from attngeom import api
+
+    res = api.analyze(str(STORIES_HF), str(TINYSTORIES), tmp_path / "r", window_length=64,
+                      n_windows=3, windows_per_document=1, n_grid=(1, 2), bootstrap=0,
+                      repeats=1, progress=False)
+    corpus = res.manifest["corpus"]
+    assert corpus["n_windows"] == 3 and corpus["documents_too_short"] >= 0
+    assert res.manifest["config"]["windows_per_document"] == 1

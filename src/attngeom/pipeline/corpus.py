@@ -139,12 +139,15 @@ class CorpusInfo:
     seed: int | None = None
     source_sha256: str | None = None
     source_documents: int | None = None
+    documents_too_short: int | None = None  # windows_per_document: gave no window
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if self.sample is None:
             for key in ("sample", "seed", "source_sha256", "source_documents"):
                 del d[key]
+        if self.documents_too_short is None:
+            del d["documents_too_short"]
         return d
 
 

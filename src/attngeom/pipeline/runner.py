@@ -25,6 +25,7 @@ calls ``execute``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -248,19 +249,24 @@ def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
     policy (method §10) the windows follow.
     """
     from attngeom.pipeline.corpus import read_documents
-    from attngeom.pipeline.windows import boundary_policy, make_windows
+    from attngeom.pipeline.windows import boundary_policy, document_windows, make_windows
 
     policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
     docs, info = read_documents(
         config.corpus, text_column=config.text_column, separator=config.separator,
         sample=config.sample_documents, seed=config.seed,
     )
-    windows = make_windows(
-        docs, tokenizer, config.window_length,
-        n_windows=config.windows_needed if n_windows is None else n_windows,
-        start_window=config.start_window if start_window is None else start_window,
-        policy=policy, name=getattr(info, "name", None),
-    )
+    n = config.windows_needed if n_windows is None else n_windows
+    start = config.start_window if start_window is None else start_window
+    name = getattr(info, "name", None)
+    if config.windows_per_document:
+        windows, short = document_windows(
+            docs, tokenizer, config.window_length, config.windows_per_document,
+            n_windows=n, start_window=start, policy=policy, name=name)
+        info = dataclasses.replace(info, documents_too_short=short)
+    else:
+        windows = make_windows(docs, tokenizer, config.window_length, n_windows=n,
+                               start_window=start, policy=policy, name=name)
     if not windows:
         raise CorpusError(
             f"corpus {config.corpus} gives no window of {config.window_length} tokens "

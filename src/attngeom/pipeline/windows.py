@@ -389,6 +389,51 @@ def make_windows(
     ]
 
 
+def document_windows(
+    documents: Iterable[str],
+    tokenizer,
+    window_length: int,
+    per_document: int,
+    *,
+    n_windows: int | None = None,
+    start_window: int = 0,
+    policy: BoundaryPolicy | None = None,
+    name: str | None = None,
+) -> tuple[list[Window], int]:
+    """Windows cut from each document alone: its first ``per_document`` windows.
+
+    Each document is framed and cut exactly as a one-document corpus would be
+    (``make_windows([doc], ...)``), so every window starts at a document's start and
+    never spans two documents; a document too short for one window gives none.
+    Windows are numbered across documents in document order (``start_window`` and
+    ``n_windows`` count those numbers). Returns the windows and how many documents
+    were too short.
+    """
+    if isinstance(per_document, bool) or not isinstance(per_document, int) or per_document < 1:
+        raise ConfigError(f"windows_per_document: expected a positive integer, got "
+                          f"{per_document!r}")
+    policy = boundary_policy(tokenizer) if policy is None else policy
+    stop = None if n_windows is None else start_window + n_windows
+    out: list[Window] = []
+    short, index = 0, 0
+    for doc in documents:
+        if stop is not None and index >= stop:
+            break
+        try:
+            cut = make_windows([doc], tokenizer, window_length, n_windows=per_document,
+                               policy=policy, name=name)
+        except CorpusError:
+            short += 1
+            continue
+        for w in cut:
+            if stop is not None and index >= stop:
+                break
+            if index >= start_window:
+                out.append(Window(index, w.input_ids, w.special))
+            index += 1
+    return out, short
+
+
 def window_fingerprint(windows: Iterable[Window]) -> str:
     """sha256 (hex) of the windows' indices and token ids, in the order given.
 

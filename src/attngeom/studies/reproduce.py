@@ -65,6 +65,9 @@ def _windows(cell: Cell) -> str:
     cfg = cell.config
     needed = cfg.windows_needed
     text = "every window" if needed is None else str(needed)
+    if cfg.windows_per_document:
+        text = (f"{cfg.windows_per_document} per document"
+                + ("" if needed is None else f", at most {needed}"))
     if cfg.sample_documents:
         text += f" (of {cfg.sample_documents} sampled documents)"
     return text

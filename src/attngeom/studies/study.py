@@ -70,7 +70,8 @@ RUN_DIRS = {"analyze": "analyze", "prune": "prune", "scan-heads": "scan", "restr
 _RUN_FIELDS = {f.name for f in fields(RunConfig)}
 _PER_CELL = {"model", "corpus", "model_label", "corpus_label"}  # set by the study itself
 _MODEL_ONLY = {"preset"}
-_CORPUS_FIELDS = {"corpus", "sample_documents", "separator", "text_column", "start_window"}
+_CORPUS_FIELDS = {"corpus", "sample_documents", "separator", "text_column", "start_window",
+                  "windows_per_document"}
 _CORPUS_KEYS = _CORPUS_FIELDS | {"n_windows"}  # a corpus may set how many windows it gives
 _FILTERS = {"models", "corpora"}
 _STUDY_KEYS = {"name", "title", "description", "analyses"}
