@@ -19,7 +19,7 @@ from attngeom.report.html import fmt
 LABELS = (*REGIMES, NO_REGIME)
 
 
-def _main(summary):
+def main_rows(summary):
     """Model-scope, full-universe rows, Euclidean when the run has it."""
     rows = summary[(summary["scope"] == "model") & (summary["variant"] == "full")]
     if "euclidean" in set(rows["distance"]):
@@ -43,7 +43,7 @@ def _ci(row) -> str:
 def separability_findings(summary, model_label: str = "") -> list[str]:
     if summary is None:
         return []
-    rows = _main(summary)
+    rows = main_rows(summary)
     out = []
     n = _pick_n(rows)
     if n is None:
@@ -71,7 +71,7 @@ def separability_findings(summary, model_label: str = "") -> list[str]:
 def separability_tables(summary) -> list[tuple[str, pd.DataFrame]]:
     if summary is None:
         return []
-    rows = _main(summary)
+    rows = main_rows(summary)
     rows = rows[rows["metric"].isin(["precision", "recall", "f_score"])]
     if rows.empty:
         return []

@@ -18,6 +18,7 @@ import pandas as pd
 from attngeom.errors import RunDirError
 from attngeom.figures.study import STUDY_FIGURES
 from attngeom.figures.style import DPI, save
+from attngeom.report.findings import main_rows
 from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
 from attngeom.results.io import read_table
 from attngeom.results.schemas import TABLE_NAMES
@@ -239,9 +240,8 @@ def study_findings(tables: dict) -> list[str]:
     summary = tables.get("summary")
     if summary is not None and len(summary):
         n = _first_n(summary)
-        rows = summary[(summary["scope"] == "model") & (summary["metric"] == "f_score")
-                       & (summary["variant"] == "full") & (summary["n"] == n)
-                       & (summary["distance"] == "euclidean")]
+        rows = main_rows(summary)
+        rows = rows[(rows["metric"] == "f_score") & (rows["n"] == n)]
         for (m, c), g in rows.groupby(["model", "corpus"], sort=True):
             by = {r: g[g["rule"] == r] for r in ("attention", "random")}
             if len(by["attention"]) and len(by["random"]):

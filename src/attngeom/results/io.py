@@ -424,6 +424,18 @@ def _same_run(manifest: dict, command: str, fingerprint: str) -> bool:
     return manifest.get("command") == command and _fingerprint_of(manifest) == fingerprint
 
 
+def holds_run(run_dir: str | Path, command: str, fingerprint: str) -> bool:
+    """Whether ``run_dir`` holds the finished run of ``command`` with this configuration
+    fingerprint (a readable manifest that matches); False for anything else."""
+    run_dir = Path(run_dir)
+    if not (run_dir / MANIFEST_NAME).is_file():
+        return False
+    try:
+        return _same_run(read_manifest(run_dir), command, fingerprint)
+    except RunDirError:
+        return False
+
+
 def _short(fp) -> str:
     return "none" if not fp else str(fp)[:12]
 

@@ -31,11 +31,8 @@ def spearman(x, y) -> float:
     x, y = x[keep], y[keep]
     if x.size < 3:
         return math.nan
-    rx = pd.Series(x).rank(method="average").to_numpy()
-    ry = pd.Series(y).rank(method="average").to_numpy()
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
-    return math.nan if denom == 0 else float((rx * ry).sum() / denom)
+    # Pearson on average ranks (pandas' own spearman needs scipy); NaN when constant
+    return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
 def geometry_loss(summary: pd.DataFrame, restrict: pd.DataFrame, *, renormalize=(False,),

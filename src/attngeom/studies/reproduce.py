@@ -128,17 +128,10 @@ def format_plan(study: Study, table) -> str:
 
 
 def _finished(directory: Path, cell: Cell) -> bool:
-    from attngeom.results.io import read_manifest
+    from attngeom.results.io import holds_run
     from attngeom.results.manifest import config_fingerprint
 
-    if not (directory / "manifest.json").is_file():
-        return False
-    try:
-        manifest = read_manifest(directory)
-    except RunDirError:
-        return False
-    return (manifest.get("command") == cell.command and manifest.get("fingerprint")
-            == config_fingerprint(cell.config.fingerprint_dict()))
+    return holds_run(directory, cell.command, config_fingerprint(cell.config.fingerprint_dict()))
 
 
 def _check_out(out: Path, study: Study, overwrite: bool) -> None:
@@ -273,9 +266,9 @@ def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
         ms, cs = study.filters["cross_corpus"]
         pairs = []
         for m in ms:
-            dirs = {c: out / cell.directory for cell in study.cells_of("analyze")
-                    for c in [cell.corpus]
-                    if cell.model == m and c in cs and "taxonomy" in cell.config.analyses}
+            dirs = {cell.corpus: out / cell.directory for cell in study.cells_of("analyze")
+                    if cell.model == m and cell.corpus in cs
+                    and "taxonomy" in cell.config.analyses}
             for a, b in itertools.combinations(sorted(dirs), 2):
                 pairs.append((m, a, b, compare_runs(dirs[a], dirs[b])))
         tables["regime_stability"] = combine.regime_stability(pairs)
