@@ -23,7 +23,7 @@ import torch
 from attngeom.config import AnalysisConfig
 from attngeom.core import kernels
 from attngeom.pipeline.analyze import run_analysis
-from attngeom.pipeline.stream import chunk_rows
+from attngeom.pipeline.stream import chunk_rows, kernel_bytes
 from tests.architectures import STORIES_PATH
 
 # all queries, both universes, the random control (hashing) and every analysis
@@ -90,11 +90,13 @@ def test_failing_compiler_warns_once_and_falls_back(stories, plain_run, tmp_path
 
 def test_memory_budget_sets_the_chunk_and_never_the_tables(stories, plain_run,
                                                            tmp_path) -> None:
-    # 8 heads x 40 tokens x 16 bytes a row: a 16 kB budget allows three rows per chunk
-    tiny = AnalysisConfig(**RUN, compile="off", memory_budget=16e3 / 2**30)
+    # 8 heads x 40 tokens x 48 bytes a row; half of a 92 kB budget allows three rows per
+    # chunk, the other half goes to the kernels' temporaries (which then chunk too)
+    tiny = AnalysisConfig(**RUN, compile="off", memory_budget=92160 / 2**30)
     assert chunk_rows(tiny, num_heads=8, num_tokens=40) == 3
+    assert kernel_bytes(tiny) == 46080
     assert chunk_rows(tiny.with_(chunk_size=7), num_heads=8, num_tokens=40) == 7
-    assert chunk_rows(AnalysisConfig(**RUN, memory_budget=1.0), 32, 4096) == 512
+    assert chunk_rows(AnalysisConfig(**RUN, memory_budget=1.0), 32, 4096) == 85
     run = run_analysis(tiny, tmp_path / "tiny", progress=False, model_and_tokenizer=stories)
     for name in plain_run.manifest["tables"]:
         a = pd.read_parquet(plain_run.out_dir / f"{name}.parquet")

@@ -16,10 +16,13 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.geometry import TopNMetrics, topn_metrics
+from attngeom.core.geometry import TopNMetrics, full_order, topn_metrics
+from attngeom.core.kernels import temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
 from attngeom.names import METRICS, VARIANTS
+
+_BOUND_CHUNK_BYTES = 256 * 2**20  # the bound rows' own temporaries (kernels.temporaries)
 
 BOUND_COLUMNS = (
     "precision_bound", "recall_bound", "f_bound", "precision_inv_bound", "recall_inv_bound",
@@ -193,18 +196,27 @@ class TopNAccumulator(Accumulator):
         universe = batch.universe(exclude_sink=variant == "no_sink")
         alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0, posinf=0.0,
                                    neginf=0.0)
-        k, h, q, t = res.order.shape
-        # the K random repeats become extra rows of one call: (K, H, Q, T) -> (H, K*Q, T)
-        def rows(x: Tensor) -> Tensor:
-            return x.expand(k, h, q, t).permute(1, 0, 2, 3).reshape(h, k * q, t)
+        k, h, q, t = res.valid.shape[0], *batch.alpha.shape
+        # the K random repeats become extra rows of one call: (K, H, Q, T) -> (H, K*Q, T),
+        # query rows in chunks: the full orders and expanded rows cost ~64 bytes per entry
+        def rows(x: Tensor, m: int) -> Tensor:
+            return x.expand(k, h, m, t).permute(1, 0, 2, 3).reshape(h, k * m, t)
 
-        b = certified_bounds(
-            rows(alpha64[None]), batch.stats, batch.kv_of_head, rows(res.order),
-            rows(universe[None]), res.n_grid, constants[0], constants[1], constants[2],
-        )
-        nn = len(res.n_grid)
+        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 64 * k * h * t))
+        parts = []
+        for s in range(0, q, step):
+            sl = slice(s, s + step)
+            m = len(range(q)[sl])
+            order = full_order(res.top[:, :, sl], res.universe[:, sl])
+            part = certified_bounds(
+                rows(alpha64[None, :, sl], m), batch.stats, batch.kv_of_head, rows(order, m),
+                rows(universe[None, :, sl], m), res.n_grid, constants[0], constants[1],
+                constants[2],
+            )
+            parts.append({name: v.reshape(h, k, m, -1) for name, v in part.items()})
+        b = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
         p_inv, r_inv = inversion_bounds(res.inversions, torch.tensor(res.n_grid))
-        cols = {name: b[name].reshape(h, k, q, nn).permute(1, 0, 2, 3)
+        cols = {name: b[name].permute(1, 0, 2, 3)
                 for name in ("precision_bound", "recall_bound", "f_bound")}
         cols["precision_inv_bound"], cols["recall_inv_bound"] = p_inv, r_inv
         sums = {}

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.kernels import temp_bytes
 from attngeom.core.pairs import coherence_slack, max_abs_cosine
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
@@ -258,7 +259,7 @@ def certified_bounds(
     norms = stats.norms.to(alpha.device)[kv]  # (H, T)
     params = [_as_param(x, norms)[kv][:, None] for x in (mu, c_lo, c_hi)]
     # rows in chunks: each N keeps about a dozen (H, rows, T) float64 temporaries
-    rows = max(1, _CHUNK_BYTES // max(1, 8 * 12 * h * t))
+    rows = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 8 * 12 * h * t))
     parts = []
     for s in range(0, q, rows):
         sl = slice(s, s + rows)

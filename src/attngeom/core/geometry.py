@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
-from attngeom.core.kernels import compiled, count_metrics
+from attngeom.core.kernels import compiled, count_metrics, temp_bytes
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES
@@ -185,23 +185,25 @@ def select_order(
     return top_keys(score, universe, nmax)[None]
 
 
-_KEY_CACHE: dict[str, object] = {}
+_KEY_CACHE: dict[tuple, Tensor] = {}
 _KEY_CACHE_BYTES = 64 * 2**20
 
 
 def _cached_keys(seed, window, layer, heads, positions, repeats, t) -> Tensor:
-    """``permutation_keys``, kept for the next call with the same rows: the full and
-    sink-excluded universes of one (window, layer) use the same random orders."""
+    """``permutation_keys``, kept for the next calls with the same rows: the full and
+    sink-excluded universes of one (window, layer) use the same random orders. The most
+    recent chunks are kept, within 64 MB and a quarter of the kernels' byte budget."""
     def tag(x):
         return (x.device.type, tuple(x.tolist())) if isinstance(x, Tensor) else x
 
-    key = (seed, tag(window), layer, tag(heads), tag(positions), repeats, t)
-    if _KEY_CACHE.get("key") == key:
-        return _KEY_CACHE["value"]
+    key = (seed, tag(window), tag(layer), tag(heads), tag(positions), repeats, t)
+    if key in _KEY_CACHE:
+        return _KEY_CACHE[key]
     keys = permutation_keys(seed, window, layer, heads, positions, repeats, t)
-    _KEY_CACHE.clear()
-    if keys.numel() * 8 <= _KEY_CACHE_BYTES:
-        _KEY_CACHE.update(key=key, value=keys)
+    limit = min(_KEY_CACHE_BYTES, temp_bytes(_KEY_CACHE_BYTES * 4) // 4)
+    _KEY_CACHE[key] = keys
+    while sum(v.numel() * 8 for v in _KEY_CACHE.values()) > limit:
+        del _KEY_CACHE[next(iter(_KEY_CACHE))]  # oldest first; maybe the new one too
     return keys
 
 
@@ -292,12 +294,6 @@ def topn_metrics(
                            stats.dtype, queries=stats.queries)
         head_norms = stats.norms[kv]
     nmax = max(1, min(max(grid), t))
-    top = select_order(
-        alpha64, head_norms, universe, rule, nmax, repeats=repeats,
-        query_positions=query_positions, seed=seed, window=window, layer=layer,
-        head_index=head_index,
-    )
-
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
     usize = universe.sum(-1)
     valid = (grid_t >= 1) & (grid_t[None, None, :] < usize[..., None]) & ~nonfinite[..., None]
@@ -308,12 +304,20 @@ def topn_metrics(
         rows, t, int(stats.values.shape[-1]), len(grid), nmax))
     if chunk_rows is None:
         per_row = max(1, repeats * h * t * max(nmax, len(grid)) * 8 * 3)
-        chunk_rows = max(1, _CHUNK_BYTES // per_row)
-    parts = []
+        chunk_rows = max(1, temp_bytes(_CHUNK_BYTES) // per_row)
+    parts, tops = [], []
     for s in range(0, q, chunk_rows):
         sl = slice(s, s + chunk_rows)
-        parts.append(_metrics_rows(alpha64[:, sl], top[:, :, sl], universe[:, sl], stats,
+        # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
+        top = select_order(
+            alpha64[:, sl], head_norms, universe[:, sl], rule, nmax, repeats=repeats,
+            query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
+            head_index=head_index,
+        )
+        tops.append(top)
+        parts.append(_metrics_rows(alpha64[:, sl], top, universe[:, sl], stats,
                                    group, grid, nmax, distance, use_gram))
+    top = torch.cat(tops, dim=2)
     out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
     for name in METRICS:
         out[name] = out[name].masked_fill(~valid, float("nan"))

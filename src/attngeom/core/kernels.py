@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 _STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
-          "broken": False, "seconds": 0.0}
+          "broken": False, "seconds": 0.0, "temp_bytes": None}
 _CACHE: dict[Callable, Callable] = {}
 
 
@@ -45,6 +45,26 @@ def compiling(enabled: bool) -> Iterator[None]:
         yield
     finally:
         set_compile(saved)
+
+
+@contextlib.contextmanager
+def temporaries(nbytes: int | None) -> Iterator[None]:
+    """Inside the block the kernels cut their rows into chunks whose temporaries take
+    about ``nbytes`` (``None``: each kernel's own default). The streaming pass sets it
+    from ``--memory-budget``; chunking never changes a result, only how many rows one
+    tensor operation holds."""
+    saved = _STATE["temp_bytes"]
+    _STATE["temp_bytes"] = None if nbytes is None else max(1, int(nbytes))
+    try:
+        yield
+    finally:
+        _STATE["temp_bytes"] = saved
+
+
+def temp_bytes(default: int) -> int:
+    """The byte budget of one chunk of kernel temporaries (``temporaries``), else
+    ``default``."""
+    return _STATE["temp_bytes"] or default
 
 
 def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:

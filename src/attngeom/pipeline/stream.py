@@ -15,18 +15,24 @@ from dataclasses import dataclass, field
 import torch
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.kernels import compiling, resolve_compile
+from attngeom.core.kernels import compiling, resolve_compile, temporaries
 from attngeom.core.queries import query_positions
 from attngeom.errors import ConfigError
 
-# captured query rows cost about four float32 copies each (the probabilities, the float
-# copy handed on, masks and the kernels' first temporaries); the kernels below bound
-# their own float64 temporaries (core/geometry.py, core/bounds.py)
-_BYTES_PER_ENTRY = 16
+# A captured query row costs about 48 bytes per (head, key) entry while its chunk is
+# analysed: the probabilities and the eager recomputation that makes them (~16), the
+# float64 copies and masks of the metrics (~24), those of the bounds (~9). The budget is
+# split: half for these whole-chunk tensors, half for the kernels' own row-chunked
+# temporaries (``kernels.temporaries``: gathers, closeness scores, random sort keys).
+_BYTES_PER_ENTRY = 48
+
+
+def _budget_bytes(config) -> float:
+    return float(getattr(config, "memory_budget", 1.0)) * 2**30
 
 
 def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
-    """Query rows per captured chunk: ``--chunk-size``, else what the budget allows.
+    """Query rows per captured chunk: ``--chunk-size``, else what half the budget allows.
 
     The budget is per window of a forward batch, so the chunk (and with it the order
     in which per-row sums are added, which can move a float64 mean by an ulp) does not
@@ -34,8 +40,12 @@ def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
     """
     if getattr(config, "chunk_size", None):
         return int(config.chunk_size)
-    budget = float(getattr(config, "memory_budget", 1.0)) * 2**30
-    return max(1, int(budget // (num_heads * num_tokens * _BYTES_PER_ENTRY)))
+    return max(1, int(_budget_bytes(config) / 2 // (num_heads * num_tokens * _BYTES_PER_ENTRY)))
+
+
+def kernel_bytes(config) -> int:
+    """The kernels' share of ``--memory-budget`` (bytes), per window of a batch."""
+    return max(1, int(_budget_bytes(config) / 2))
 
 
 @dataclass
@@ -126,7 +136,7 @@ def stream_windows(
     chunk = chunk_rows(config, layout.num_heads, num_tokens)
     use_compile = resolve_compile(getattr(config, "compile", "off"), device=str(device),
                                   query_mode=getattr(config, "query_mode", "final"))
-    with torch.inference_mode(), compiling(use_compile):
+    with torch.inference_mode(), compiling(use_compile), temporaries(kernel_bytes(config)):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
             own_rows[:] = window_rows(config, current, layout.is_causal)
