@@ -23,7 +23,7 @@ import torch
 from attngeom.config import AnalysisConfig
 from attngeom.core import kernels
 from attngeom.pipeline.analyze import run_analysis
-from attngeom.pipeline.stream import chunk_rows, kernel_bytes
+from attngeom.pipeline.stream import chunk_rows, half_budget
 from tests.architectures import STORIES_PATH
 
 # all queries, both universes, the random control (hashing) and every analysis
@@ -94,7 +94,7 @@ def test_memory_budget_sets_the_chunk_and_never_the_tables(stories, plain_run,
     # chunk, the other half goes to the kernels' temporaries (which then chunk too)
     tiny = AnalysisConfig(**RUN, compile="off", memory_budget=92160 / 2**30)
     assert chunk_rows(tiny, num_heads=8, num_tokens=40) == 3
-    assert kernel_bytes(tiny) == 46080
+    assert half_budget(tiny) == 46080
     assert chunk_rows(tiny.with_(chunk_size=7), num_heads=8, num_tokens=40) == 7
     assert chunk_rows(AnalysisConfig(**RUN, memory_budget=1.0), 32, 4096) == 85
     run = run_analysis(tiny, tmp_path / "tiny", progress=False, model_and_tokenizer=stories)

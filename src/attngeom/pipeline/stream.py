@@ -27,10 +27,6 @@ from attngeom.errors import ConfigError
 _BYTES_PER_ENTRY = 48
 
 
-def _budget_bytes(config) -> float:
-    return float(getattr(config, "memory_budget", 1.0)) * 2**30
-
-
 def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
     """Query rows per captured chunk: ``--chunk-size``, else what half the budget allows.
 
@@ -40,12 +36,13 @@ def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
     """
     if getattr(config, "chunk_size", None):
         return int(config.chunk_size)
-    return max(1, int(_budget_bytes(config) / 2 // (num_heads * num_tokens * _BYTES_PER_ENTRY)))
+    return max(1, half_budget(config) // (num_heads * num_tokens * _BYTES_PER_ENTRY))
 
 
-def kernel_bytes(config) -> int:
-    """The kernels' share of ``--memory-budget`` (bytes), per window of a batch."""
-    return max(1, int(_budget_bytes(config) / 2))
+def half_budget(config) -> int:
+    """Half of ``--memory-budget`` in bytes, per window of a batch: the captured chunk's
+    share, and the kernels' (``kernels.temporaries``)."""
+    return max(1, int(float(getattr(config, "memory_budget", 1.0)) * 2**30 / 2))
 
 
 @dataclass
@@ -136,7 +133,7 @@ def stream_windows(
     chunk = chunk_rows(config, layout.num_heads, num_tokens)
     use_compile = resolve_compile(getattr(config, "compile", "off"), device=str(device),
                                   query_mode=getattr(config, "query_mode", "final"))
-    with torch.inference_mode(), compiling(use_compile), temporaries(kernel_bytes(config)):
+    with torch.inference_mode(), compiling(use_compile), temporaries(half_budget(config)):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
             own_rows[:] = window_rows(config, current, layout.is_causal)
