@@ -199,19 +199,25 @@ class TopNAccumulator(Accumulator):
         k, h, q, t = res.valid.shape[0], *batch.alpha.shape
         # the K random repeats become extra rows of one call: (K, H, Q, T) -> (H, K*Q, T),
         # query rows in chunks: the full orders and expanded rows cost ~64 bytes per entry
-        def rows(x: Tensor, m: int) -> Tensor:
-            return x.expand(k, h, m, t).permute(1, 0, 2, 3).reshape(h, k * m, t)
-
         step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 64 * k * h * t))
+        # as in the metrics, each chunk stops at the last key its rows can see (the first
+        # entries of ``top`` are then that prefix's own; later ones are padding)
+        last = torch.where(universe.any(0), torch.arange(t, device=universe.device), -1)
         parts = []
         for s in range(0, q, step):
             sl = slice(s, s + step)
             m = len(range(q)[sl])
-            order = full_order(res.top[:, :, sl], res.universe[:, sl])
+            tk = max(1, int(last[sl].amax()) + 1)
+            top = res.top[:, :, sl, : min(tk, res.top.shape[-1])]
+            order = full_order(top, res.universe[:, sl, :tk])
+
+            def rows(x: Tensor, m: int = m, tk: int = tk) -> Tensor:
+                return x.expand(k, h, m, tk).permute(1, 0, 2, 3).reshape(h, k * m, tk)
+
             part = certified_bounds(
-                rows(alpha64[None, :, sl], m), batch.stats, batch.kv_of_head, rows(order, m),
-                rows(universe[None, :, sl], m), res.n_grid, constants[0], constants[1],
-                constants[2],
+                rows(alpha64[None, :, sl, :tk]), batch.stats.key_prefix(tk),
+                batch.kv_of_head, rows(order), rows(universe[None, :, sl, :tk]), res.n_grid,
+                constants[0], constants[1], constants[2],
             )
             parts.append({name: v.reshape(h, k, m, -1) for name, v in part.items()})
         b = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}

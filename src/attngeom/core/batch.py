@@ -55,6 +55,19 @@ class ValueStats:
         out._parts = list(parts)
         return out
 
+    def key_prefix(self, num_keys: int, *, with_gram: bool = False) -> ValueStats:
+        """The same stats restricted to keys ``0 .. num_keys - 1`` (for query rows that
+        see no later key), cut from this window's cached norms (and Gram matrix with
+        ``with_gram``), so that every entry is the one the whole window would give."""
+        if num_keys >= self.num_keys:
+            return self
+        out = ValueStats(self.values[:, :num_keys], self.dtype, queries=self.queries)
+        out._sq_norms = self.sq_norms[:, :num_keys]
+        out._norms = self.norms[:, :num_keys]
+        if with_gram:
+            out._gram = self.gram[:, :num_keys, :num_keys]
+        return out
+
     @property
     def num_kv_heads(self) -> int:
         return int(self.values.shape[0])

@@ -305,18 +305,25 @@ def topn_metrics(
     if chunk_rows is None:
         per_row = max(1, repeats * h * t * max(nmax, len(grid)) * 8 * 3)
         chunk_rows = max(1, temp_bytes(_CHUNK_BYTES) // per_row)
+    # each chunk works on the keys up to the last one any of its rows can see: causal
+    # rows see a prefix, so ``all`` queries do about half the work of full rows; keys
+    # past it are in no universe and change no order, count or aggregate
+    seen = universe.any(0)  # (Q, T)
+    last = torch.where(seen, torch.arange(t, device=device), -1)
     parts, tops = [], []
     for s in range(0, q, chunk_rows):
         sl = slice(s, s + chunk_rows)
+        tk = max(1, int(last[sl].amax()) + 1)
+        sub = stats.key_prefix(tk, with_gram=use_gram)
         # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
         top = select_order(
-            alpha64[:, sl], head_norms, universe[:, sl], rule, nmax, repeats=repeats,
-            query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
-            head_index=head_index,
+            alpha64[:, sl, :tk], head_norms[:, :tk], universe[:, sl, :tk], rule, nmax,
+            repeats=repeats, query_positions=query_positions[sl], seed=seed, window=window,
+            layer=layer, head_index=head_index,
         )
-        tops.append(top)
-        parts.append(_metrics_rows(alpha64[:, sl], top, universe[:, sl], stats,
-                                   group, grid, nmax, distance, use_gram))
+        tops.append(_pad_top(top, nmax, tk))
+        parts.append(_metrics_rows(alpha64[:, sl, :tk], top, universe[:, sl, :tk], sub,
+                                   group, grid, min(nmax, tk), distance, use_gram))
     top = torch.cat(tops, dim=2)
     out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
     for name in METRICS:
@@ -332,6 +339,16 @@ def topn_metrics(
         universe=universe,
         n_grid=grid,
     )
+
+
+def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
+    """``top`` of a key prefix, padded to ``nmax`` entries as the whole window pads it:
+    with the keys past the prefix (in no universe) in position order."""
+    missing = nmax - top.shape[-1]
+    if missing <= 0:
+        return top
+    pad = torch.arange(num_keys, num_keys + missing, device=top.device)
+    return torch.cat([top, pad.expand(*top.shape[:-1], missing)], dim=-1)
 
 
 _GATHER_COST = 24  # one gathered element costs about 24 multiply-adds of a matrix product

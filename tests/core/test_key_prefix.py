@@ -1,0 +1,51 @@
+"""Query chunks stop at the last key their rows can see (``ValueStats.key_prefix``).
+
+Causal rows of ``all`` queries see a prefix of the window; the metrics and bounds cut
+each chunk's keys there. One-row chunks (the shortest prefixes, shorter than N_max near
+the start) must give the tables of whole-window rows: the same orders, padding, counts
+and F_N, and margins within matrix-product rounding.
+"""
+
+import pytest
+import torch
+
+from attngeom.core.batch import ValueStats
+from attngeom.core.geometry import topn_metrics
+
+GRID = [1, 2, 4, 8, 16]
+
+
+def _rows(t: int = 24, h: int = 4, g: int = 2, d: int = 3):
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(h, t, t, generator=gen) * 2
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, -1), torch.randn(g, t, d, generator=gen)
+
+
+@pytest.mark.parametrize("rule", ["attention", "contribution", "random"])
+@pytest.mark.parametrize("path", ["direct", "gram"])
+@pytest.mark.parametrize("exclude_sink", [False, True])
+def test_one_row_chunks_give_the_whole_window_rows(rule, path, exclude_sink):
+    alpha, values = _rows()
+    kw = dict(rule=rule, path=path, exclude_sink=exclude_sink, repeats=3,
+              query_positions=torch.arange(alpha.shape[1]))
+    whole = topn_metrics(alpha, values, GRID, chunk_rows=alpha.shape[1], **kw)
+    rows = topn_metrics(alpha, values, GRID, chunk_rows=1, **kw)
+    assert torch.equal(whole.top, rows.top)  # padding past the prefix as the window pads
+    assert torch.equal(whole.valid, rows.valid)
+    for name in ("precision", "recall", "f_score", "inversions"):
+        assert torch.equal(whole.metric(name).nan_to_num(-1.0), rows.metric(name).nan_to_num(-1.0))
+    torch.testing.assert_close(whole.margin, rows.margin, rtol=1e-9, atol=1e-12,
+                               equal_nan=True)
+    # the early rows really were cut short: position 2 sees keys 0..2 only
+    assert whole.universe[:, 2, 3:].sum() == 0
+
+
+def test_key_prefix_cuts_the_cached_statistics():
+    _, values = _rows()
+    stats = ValueStats(values)
+    part = stats.key_prefix(5, with_gram=True)
+    assert part.num_keys == 5 and part.queries == stats.queries
+    assert torch.equal(part.norms, stats.norms[:, :5])
+    assert torch.equal(part.gram, stats.gram[:, :5, :5])
+    assert stats.key_prefix(stats.num_keys) is stats
