@@ -35,7 +35,8 @@ def test_one_row_chunks_give_the_whole_window_rows(rule, path, exclude_sink):
     assert torch.equal(whole.valid, rows.valid)
     for name in ("precision", "recall", "f_score", "inversions"):
         assert torch.equal(whole.metric(name).nan_to_num(-1.0), rows.metric(name).nan_to_num(-1.0))
-    torch.testing.assert_close(whole.margin, rows.margin, rtol=1e-9, atol=1e-12,
+    # float32 values: the shorter key axis changes the summation order, not the numbers
+    torch.testing.assert_close(whole.margin, rows.margin, rtol=1e-6, atol=1e-7,
                                equal_nan=True)
     # the early rows really were cut short: position 2 sees keys 0..2 only
     assert whole.universe[:, 2, 3:].sum() == 0
