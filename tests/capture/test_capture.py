@@ -324,3 +324,32 @@ def test_bfloat16_rows_are_the_float32_softmax_of_the_models_scores(name):
             ties_float32 += int(vis.sum()) - row[vis].unique().numel()
             ties_rounded += int(vis.sum()) - row[vis].to(torch.bfloat16).unique().numel()
     assert ties_rounded > ties_float32
+
+
+@pytest.mark.parametrize("kind", ["causal", "bidirectional", "bool", "additive", "broadcast"])
+def test_visible_rows_equal_rows_of_the_whole_pattern(kind):
+    """``visible(rows)`` builds only the asked rows; they equal the whole pattern's rows
+    (the q < t case is the cached-prefix one: causal aligned to the last key)."""
+    b, h, q, t, d = 2, 2, 5, 7, 3
+    gen = torch.Generator().manual_seed(0)
+    mask = None
+    if kind in ("bool", "additive", "broadcast"):
+        rows_q = 1 if kind == "broadcast" else q
+        mask = torch.rand(b, 1, rows_q, t, generator=gen) > 0.3
+        if kind == "additive":
+            mask = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    module.is_causal = kind != "bidirectional"
+    call = AttentionCall(module=module, layer=0, query=torch.zeros(b, h, q, d),
+                         key=torch.zeros(b, 1, t, d), value=torch.zeros(b, 1, t, d),
+                         attention_mask=mask, kwargs={}, _override=None)
+    whole = call.visible()
+    assert whole.dtype == torch.bool and whole.shape[-1] == t
+    rows = torch.tensor([4, 0, 2])
+    part = call.visible(rows)
+    expected = whole if whole.shape[2] == 1 else whole[:, :, rows]
+    assert torch.equal(part.expand(b, 1, 3, t) if part.shape[2] == 1 else part,
+                       expected.expand(b, 1, 3, t))
+    if kind == "causal":
+        positions = torch.arange(q) + (t - q)
+        assert torch.equal(whole[0, 0], torch.arange(t)[None, :] <= positions[:, None])

@@ -122,21 +122,20 @@ class AttentionCall:
         mask = self.attention_mask
         t, q = self.num_keys, self.num_queries
         device = self.query.device
-        if mask is None:
-            if self.is_causal:
-                positions = torch.arange(q, device=device) + (t - q)
-                vis = torch.arange(t, device=device)[None, :] <= positions[:, None]
-            else:
-                vis = torch.ones(q, t, dtype=torch.bool, device=device)
-            vis = vis[None, None].expand(self.query.shape[0], 1, q, t)
-        elif mask.dtype == torch.bool:
-            vis = mask[..., :t]
-        else:
-            vis = mask[..., :t] > _min_value(mask.dtype) / 2
         index = _rows_index(rows, device)
-        if index is not None and vis.shape[2] != 1:
-            vis = vis.index_select(2, index)
-        return vis
+        # only the requested rows are built or compared: one row per window in ``final``
+        # mode must not cost a T x T pass
+        if mask is None:
+            rows_q = torch.arange(q, device=device) if index is None else index
+            if self.is_causal:
+                vis = torch.arange(t, device=device)[None, :] <= (rows_q + (t - q))[:, None]
+            else:
+                vis = torch.ones(len(rows_q), t, dtype=torch.bool, device=device)
+            return vis[None, None].expand(self.query.shape[0], 1, len(rows_q), t)
+        mask = mask[..., :t]
+        if index is not None and mask.shape[2] != 1:
+            mask = mask.index_select(2, index)
+        return mask if mask.dtype == torch.bool else mask > _min_value(mask.dtype) / 2
 
     def additive_mask(self, rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """The mask in the eager function's additive format (0 or dtype min), rows sliced.
