@@ -5,7 +5,7 @@ then finishes it, computing only the missing units, and its table files are
 byte-identical to those of a run that was never interrupted. A damaged shard is
 detected and redone; a resume with other options is refused, naming the option.
 Two processes started by torchrun (gloo) split the units and write the same tables as
-one process.
+one process; when one of them is killed, the group stops and its shards resume.
 """
 
 from __future__ import annotations
@@ -128,3 +128,57 @@ def test_two_processes_write_the_tables_of_one(command, tmp_path):
     assert _tables(two) == _tables(one)
     assert not (two / ".attngeom").exists()
     assert done.stdout.count("results:") == 1  # one process prints
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it has exited meanwhile
+        return b""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_failed_process_group_leaves_its_shards_for_a_resume(reference, tmp_path):
+    """One rank of a two-process run is killed mid-run: the launcher stops the group,
+    the shards already written stay valid, and one process resumes from them to the
+    tables of an uninterrupted run."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", "-m", "attngeom.cli", *ANALYZE, "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_shards(out)) < 4 and proc.poll() is None:
+            assert time.monotonic() < deadline, "the two processes wrote no shard in 300 s"
+            time.sleep(0.05)
+        workers = [k for k in _children(proc.pid) if b"attngeom.cli" in _cmdline(k)]
+        assert workers, "the launcher has no worker processes"
+        os.kill(workers[-1], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert not (out / "manifest.json").exists(), "the run finished before a rank was killed"
+    done = len(_shards(out))
+    assert 0 < done < 24
+    assert main([*ANALYZE, "--out", str(out)]) == 0
+    assert _tables(out) == _tables(reference)
+    counts = read_manifest(out)["counts"]
+    assert counts["redone_shards"] == 0  # every shard the group left was whole
+    assert done <= counts["resumed_windows"] < 24
