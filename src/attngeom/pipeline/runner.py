@@ -386,8 +386,11 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
         for name, df in tables.items():
             write_table(out_dir, name, df)
         write_manifest(out_dir, manifest)
-        clear_states(out_dir)
+    # the shards go only once every process has read them: a rank still reading the last
+    # stage's shards must not find them deleted (it failed with "no shard" 1 run in 3)
     dist.barrier()
+    if out_dir is not None and dist.is_main:
+        clear_states(out_dir)
     return RunResult(tables=tables, manifest=manifest, out_dir=out_dir)
 
 
