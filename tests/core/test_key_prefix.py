@@ -50,3 +50,25 @@ def test_key_prefix_cuts_the_cached_statistics():
     assert torch.equal(part.norms, stats.norms[:, :5])
     assert torch.equal(part.gram, stats.gram[:, :5, :5])
     assert stats.key_prefix(stats.num_keys) is stats
+
+
+def test_nan_value_at_a_key_no_row_sees_changes_nothing():
+    """A non-finite value state outside every universe pads short rows' orders; it must
+    not poison the Gram path, whatever the chunking (found by a fuzzing review)."""
+    gen = torch.Generator().manual_seed(3)
+    t = 8
+    values = torch.randn(1, t, 3, generator=gen, dtype=torch.float64)
+    values[0, 6] = float("nan")
+    alpha = torch.rand(2, t, t, generator=gen, dtype=torch.float64)
+    visible = torch.tril(torch.ones(t, t, dtype=torch.bool))[None]
+    visible[..., 6] = False
+    alpha = torch.where(visible, alpha, 0.0)
+    alpha = alpha / alpha.sum(-1, keepdim=True)
+    runs = [topn_metrics(alpha, values, [1, 2, 4, 8], visible=visible, path=path,
+                         chunk_rows=rows)
+            for path, rows in (("gram", 1), ("gram", 8), ("direct", 1), ("direct", 8))]
+    for other in runs[1:]:
+        for name in ("precision", "recall", "f_score", "inversions"):
+            assert torch.equal(getattr(runs[0], name).nan_to_num(-1),
+                               getattr(other, name).nan_to_num(-1)), name
+    assert not bool(runs[0].nonfinite.any())

@@ -289,7 +289,9 @@ def topn_metrics(
     nonfinite = (bad_key & universe).any(-1)
     alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=alpha64.dtype))
     alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
-    if bool(nonfinite.any()):
+    # any non-finite value state is zeroed, also at keys no row sees: those still pad
+    # short rows' orders, and a NaN padding column would poison the Gram path's sums
+    if bool(nonfinite.any()) or not bool(torch.isfinite(head_norms).all()):
         stats = ValueStats(torch.nan_to_num(stats.values, nan=0.0, posinf=0.0, neginf=0.0),
                            stats.dtype, queries=stats.queries)
         head_norms = stats.norms[kv]
