@@ -57,15 +57,20 @@ def reference(tmp_path_factory):
     return out
 
 
+def _wait_for_shards(proc: subprocess.Popen, out: Path, at_least: int) -> None:
+    """Return once ``at_least`` shards are on disk (or the run has ended)."""
+    deadline = time.monotonic() + 300
+    while len(_shards(out)) < at_least and proc.poll() is None:
+        assert time.monotonic() < deadline, "the run wrote no shard in 300 s"
+        time.sleep(0.05)
+
+
 def _killed_run(out: Path, at_least: int = 4) -> None:
     """Start the analysis in a subprocess and SIGKILL it once ``at_least`` shards exist."""
     proc = subprocess.Popen([sys.executable, "-m", "attngeom.cli", *ANALYZE, "--out",
                              str(out)], env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while len(_shards(out)) < at_least and proc.poll() is None:
-        assert time.monotonic() < deadline, "the run wrote no shard in 300 s"
-        time.sleep(0.05)
+    _wait_for_shards(proc, out, at_least)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "manifest.json").exists(), "the run finished before it was killed"
@@ -161,10 +166,7 @@ def test_a_failed_process_group_leaves_its_shards_for_a_resume(reference, tmp_pa
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
-        while len(_shards(out)) < 4 and proc.poll() is None:
-            assert time.monotonic() < deadline, "the two processes wrote no shard in 300 s"
-            time.sleep(0.05)
+        _wait_for_shards(proc, out, 4)
         workers = [k for k in _children(proc.pid) if b"attngeom.cli" in _cmdline(k)]
         assert workers, "the launcher has no worker processes"
         os.kill(workers[-1], signal.SIGKILL)

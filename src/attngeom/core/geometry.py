@@ -285,13 +285,14 @@ def topn_metrics(
     alpha64 = alpha.to(torch.float64)
     # a row is skipped (and counted) when any key of its universe has a non-finite alpha
     # or value state (e.g. an fp16 overflow): its comparisons would be decided by NaN
-    bad_key = ~torch.isfinite(alpha64) | ~torch.isfinite(head_norms)[:, None, :]
+    bad_norm = ~torch.isfinite(head_norms)
+    bad_key = ~torch.isfinite(alpha64) | bad_norm[:, None, :]
     nonfinite = (bad_key & universe).any(-1)
     alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=alpha64.dtype))
     alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
     # any non-finite value state is zeroed, also at keys no row sees: those still pad
     # short rows' orders, and a NaN padding column would poison the Gram path's sums
-    if bool(nonfinite.any()) or not bool(torch.isfinite(head_norms).all()):
+    if bool(bad_norm.any()):
         stats = ValueStats(torch.nan_to_num(stats.values, nan=0.0, posinf=0.0, neginf=0.0),
                            stats.dtype, queries=stats.queries)
         head_norms = stats.norms[kv]
