@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
-from attngeom.core.kernels import compiled, count_metrics, temp_bytes
+from attngeom.core.kernels import counting, temp_bytes
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES
@@ -433,12 +433,11 @@ def _metrics_rows(
         norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
 
-    slot = torch.full((g, m, t + 1), nmax, dtype=torch.int64, device=device)
-    slot.scatter_(-1, torch.where(in_u, top_m, t),
-                  torch.arange(nmax, device=device).expand(g, m, nmax))
-    slot = slot[..., :t]
-    cmin, cmax, intruders, clears, inversions = compiled(count_metrics)(
-        close.reshape(g * m, nn, t), slot.reshape(g * m, t), univ_m.reshape(g * m, t),
+    # the sink's place in the order (N_max when it is not among the first N_max keys)
+    sink_slot = torch.where((top_m == 0) & in_u, torch.arange(nmax, device=device),
+                            nmax).amin(-1, keepdim=True)
+    cmin, cmax, intruders, clears, inversions = counting()(
+        close.reshape(g * m, nn, t), univ_m.reshape(g * m, t),
         top_m.reshape(g * m, nmax), grid)
     cmin, cmax = cmin.reshape(g, m, nn), cmax.reshape(g, m, nn)
     nf = grid_t.to(alpha.dtype)[None, None, :]
@@ -457,7 +456,7 @@ def _metrics_rows(
     out = {
         "precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
         "inversions": inversions.reshape(g, m, nn).to(alpha.dtype),
-        "sink_selected": (slot[..., 0, None] < grid_t) & univ_m[..., 0, None],
+        "sink_selected": (sink_slot < grid_t) & univ_m[..., 0, None],
     }
     return {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
 
