@@ -139,9 +139,16 @@ def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True
     else:
         fill = torch.iinfo(score.dtype).min if largest else torch.iinfo(score.dtype).max
     score = score.masked_fill(~universe, fill)
-    kth = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True).values[..., -1:]
-    strict = score > kth if largest else score < kth
+    best, where = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True)
+    kth = best[..., -1:]
     equal = score == kth
+    # without ties (the N_max-th score occurs once, the winners are strictly ordered) the
+    # set and its order are unique and topk's are the answer; the random rule's 63-bit
+    # keys and real attention almost always take this path
+    apart = best[..., :-1] > best[..., 1:] if largest else best[..., :-1] < best[..., 1:]
+    if bool((equal.sum(-1) == 1).all()) and bool(apart.all()):
+        return where
+    strict = score > kth if largest else score < kth
     need = nmax - strict.sum(-1, keepdim=True)
     take = strict | (equal & (equal.cumsum(-1) <= need))  # ties: the smallest positions
     place = torch.where(take, take.cumsum(-1) - 1, nmax)  # ascending positions first
@@ -286,10 +293,13 @@ def topn_metrics(
     # a row is skipped (and counted) when any key of its universe has a non-finite alpha
     # or value state (e.g. an fp16 overflow): its comparisons would be decided by NaN
     bad_norm = ~torch.isfinite(head_norms)
-    bad_key = ~torch.isfinite(alpha64) | bad_norm[:, None, :]
-    nonfinite = (bad_key & universe).any(-1)
-    alpha64 = torch.where(torch.isfinite(alpha64), alpha64, torch.zeros((), dtype=alpha64.dtype))
-    alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
+    finite = torch.isfinite(alpha)  # as in float64: the cast keeps finiteness
+    if bool(finite.all()) and not bool(bad_norm.any()):  # the usual case: one pass
+        nonfinite = torch.zeros((h, q), dtype=torch.bool, device=device)
+    else:
+        nonfinite = ((~finite | bad_norm[:, None, :]) & universe).any(-1)
+        alpha64 = torch.where(finite, alpha64, torch.zeros((), dtype=alpha64.dtype))
+        alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
     # any non-finite value state is zeroed, also at keys no row sees: those still pad
     # short rows' orders, and a NaN padding column would poison the Gram path's sums
     if bool(bad_norm.any()):
