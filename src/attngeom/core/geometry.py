@@ -139,7 +139,7 @@ def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True
     else:
         fill = torch.iinfo(score.dtype).min if largest else torch.iinfo(score.dtype).max
     score = score.masked_fill(~universe, fill)
-    best, where = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True)
+    best, indices = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True)
     kth = best[..., -1:]
     equal = score == kth
     # without ties (the N_max-th score occurs once, the winners are strictly ordered) the
@@ -147,7 +147,7 @@ def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True
     # keys and real attention almost always take this path
     apart = best[..., :-1] > best[..., 1:] if largest else best[..., :-1] < best[..., 1:]
     if bool((equal.sum(-1) == 1).all()) and bool(apart.all()):
-        return where
+        return indices
     strict = score > kth if largest else score < kth
     need = nmax - strict.sum(-1, keepdim=True)
     take = strict | (equal & (equal.cumsum(-1) <= need))  # ties: the smallest positions
@@ -293,8 +293,9 @@ def topn_metrics(
     # a row is skipped (and counted) when any key of its universe has a non-finite alpha
     # or value state (e.g. an fp16 overflow): its comparisons would be decided by NaN
     bad_norm = ~torch.isfinite(head_norms)
+    any_bad_norm = bool(bad_norm.any())
     finite = torch.isfinite(alpha)  # as in float64: the cast keeps finiteness
-    if bool(finite.all()) and not bool(bad_norm.any()):  # the usual case: one pass
+    if bool(finite.all()) and not any_bad_norm:  # the usual case: one pass
         nonfinite = torch.zeros((h, q), dtype=torch.bool, device=device)
     else:
         nonfinite = ((~finite | bad_norm[:, None, :]) & universe).any(-1)
@@ -302,7 +303,7 @@ def topn_metrics(
         alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
     # any non-finite value state is zeroed, also at keys no row sees: those still pad
     # short rows' orders, and a NaN padding column would poison the Gram path's sums
-    if bool(bad_norm.any()):
+    if any_bad_norm:
         stats = ValueStats(torch.nan_to_num(stats.values, nan=0.0, posinf=0.0, neginf=0.0),
                            stats.dtype, queries=stats.queries)
         head_norms = stats.norms[kv]
