@@ -215,10 +215,8 @@ def bound_cases(draw):
     return values, alpha, qpos, vis, rule, exclude_sink, seed
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bound_cases())
-def test_bounds_never_exceed_measured_loop(case) -> None:
-    """P, R, F bounds with window-measured constants are <= the plain-loop metric."""
+def _loop_case(case):
+    """A drawn case's stats, kv heads, universe, full grid and plain-loop rule order."""
     values, alpha, qpos, vis, rule, exclude_sink, seed = case
     stats = ValueStats(values)
     h, _, t = alpha.shape
@@ -228,6 +226,14 @@ def test_bounds_never_exceed_measured_loop(case) -> None:
         uni[..., 0] = False
     grid = list(range(1, t + 1))
     order = rule_order(alpha, stats.norms[kv], uni, rule, torch.Generator().manual_seed(seed))
+    return values, alpha, stats, kv, uni, grid, order
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bound_cases())
+def test_bounds_never_exceed_measured_loop(case) -> None:
+    """P, R, F bounds with window-measured constants are <= the plain-loop metric."""
+    values, alpha, stats, kv, uni, grid, order = _loop_case(case)
     b = certified_bounds(alpha.to(torch.float64), stats, kv, order, uni, grid,
                          *window_constants(stats))
     p, r = measured_pr(alpha, values, kv, order, uni, grid)
@@ -496,3 +502,86 @@ def test_certified_bounds_row_chunks_equal_one_pass(monkeypatch) -> None:
     for k in one:
         torch.testing.assert_close(one[k], many[k], equal_nan=True)
 
+
+
+# ---------------------------------------------------------------- the fast bound itself
+
+
+def loop_bounds(alpha, norms, order, universe, n_grid, mu, c_lo, c_hi):
+    """SPEC 5's L, U and counts by plain loops over one row's keys in rule order, with
+    the slack ``1e-10 (sum_u a_u)^2`` of ``core/bounds.py`` on both comparisons."""
+    h, q, t = alpha.shape
+    out = np.full((3, h, q, len(n_grid)), np.nan)
+    for hi in range(h):
+        m, lo, hi_c = float(mu[hi]), float(c_lo[hi]), float(c_hi[hi])
+        for qi in range(q):
+            keys = [int(j) for j in order[hi, qi] if universe[hi, qi, int(j)]]
+            a = {j: float(alpha[hi, qi, j]) * float(norms[hi, j]) for j in keys}
+            tol2 = 2.0 * 1e-10 * sum(a.values()) ** 2
+            for c, n in enumerate(n_grid):
+                if not 1 <= n < len(keys):
+                    continue
+                sel, uns = keys[:n], keys[n:]
+                s = sum(a[i] for i in sel if i != 0)
+                a0 = a[0] if 0 in sel else 0.0
+                low = {i: (a[0] ** 2 + 2 * lo * a[0] * s) if i == 0 else
+                       (1 + 2 * m) * a[i] ** 2 - 2 * a[i] * (m * s - lo * a0) for i in sel}
+                up = {j: (2 * hi_c * a[0] * s - a[0] ** 2) if j == 0 else
+                      2 * a[j] * (m * s + hi_c * a0) - a[j] ** 2 for j in uns}
+                r = sum(low[i] > max(up.values()) + tol2 for i in sel) / n
+                p = n / (n + sum(up[j] >= min(low.values()) - tol2 for j in uns))
+                out[:, hi, qi, c] = p, r, (2 * p * r / (p + r) if p + r > 0 else 0.0)
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bound_cases())
+def test_fast_bounds_equal_the_loop_formulas(case) -> None:
+    """``certified_bounds`` computes exactly SPEC 5's L, U and counts (a loop per key)."""
+    values, alpha, stats, kv, uni, grid, order = _loop_case(case)
+    c = window_constants(stats)
+    b = certified_bounds(alpha.to(torch.float64), stats, kv, order, uni, grid, *c)
+    want = loop_bounds(alpha.to(torch.float64), stats.norms[kv], order, uni, grid,
+                       *(x[kv] for x in c))
+    for i, name in enumerate(("precision_bound", "recall_bound", "f_bound")):
+        np.testing.assert_allclose(b[name].numpy(), want[i], rtol=1e-12, atol=0,
+                                   equal_nan=True, err_msg=name)
+
+
+def test_compiled_bounds_equal_plain_bit_for_bit() -> None:
+    """With compilation on, the per-N steps run as generated C++ and must round exactly
+    as the plain operations do: every bound equal, on rows with a sink, ties (integer
+    alphas and values), zero vectors, short universes and K random orders at once."""
+    from attngeom.core import kernels
+    from attngeom.core.bounds import bounds_of_top
+    from attngeom.core.geometry import top_keys
+
+    gen = torch.Generator().manual_seed(5)
+    h, g, t, k = 8, 2, 300, 3
+    values = torch.randn(g, t, 16, generator=gen)
+    values[:, 0] *= 0.05
+    values[:, 7] = 0.0
+    values[:, 100:140] = values[:, 100:140].round()
+    qpos = torch.arange(t - 40, t)
+    vis = causal(qpos, t)
+    logits = torch.randn(h, qpos.numel(), t, generator=gen) * 3
+    logits[:, ::3] = logits[:, ::3].round()
+    alpha = torch.softmax(logits.masked_fill(~vis, float("-inf")), -1).double()
+    alpha[:2] = alpha[:2].clamp_min(1e-3)
+    stats = ValueStats(values)
+    kv = torch.arange(h) // (h // g)
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    c = window_constants(stats)
+    for exclude_sink in (False, True):
+        uni = vis.expand(h, -1, -1).clone()
+        uni[..., 0] &= not exclude_sink
+        uni[1, :5, 200:] = False
+        score = torch.rand(k, h, qpos.numel(), t, generator=gen)
+        top = top_keys(score, uni[None].expand(k, -1, -1, -1), max(grid))
+        plain = bounds_of_top(alpha, stats, kv, top, uni, grid, *c)
+        with kernels.compiling(True):
+            fast = bounds_of_top(alpha, stats, kv, top, uni, grid, *c)
+        assert not kernels._STATE["broken"]
+        for name in plain:
+            assert torch.equal(plain[name].nan_to_num(-1.0), fast[name].nan_to_num(-1.0)), name
+            assert not plain[name].isnan().all()

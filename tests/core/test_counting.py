@@ -76,3 +76,48 @@ def test_compiled_counting_equals_eager():
     assert not kernels._STATE["broken"]
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)
+
+
+def test_compiled_euclidean_counting_equals_plain():
+    """The closeness scores computed inside the compiled counting loops (CPU) round as
+    the plain ``euclidean_close`` does: every count and extreme equal, also with tiny
+    and zero alphas and exactly tied scores."""
+    gen = torch.Generator().manual_seed(3)
+    g, m, t, grid = 2, 9, 257, (1, 2, 4, 8, 16, 32)
+    inner = torch.randn(g, m, len(grid), t, generator=gen, dtype=torch.float64)
+    inner[:, :, :, 50:90] = inner[:, :, :, 50:90].round()
+    alpha = torch.rand(g, m, t, generator=gen, dtype=torch.float64) ** 6
+    alpha[:, :, 50:90] = 0.25
+    alpha[:, 0, ::4] = 0.0
+    sq = torch.rand(g, t, generator=gen, dtype=torch.float64) * 3
+    universe = torch.rand(g * m, t, generator=gen) < 0.9
+    order = torch.argsort(torch.rand(g * m, t, generator=gen) + 2.0 * ~universe, dim=-1)
+    top = order[:, : max(grid)].contiguous()
+    close = kernels.euclidean_close(inner, alpha, sq).reshape(g * m, len(grid), t)
+    want = count_metrics(close, universe, top, grid)
+    plain = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid)
+    with kernels.compiling(True):
+        got = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid)
+    assert not kernels._STATE["broken"]
+    for w, p, c in zip(want, plain, got, strict=True):
+        assert torch.equal(w, p) and torch.equal(w, c)
+
+
+def test_compiled_float_runs_plain_off_the_cpu():
+    """Float kernels are compiled for CPU tensors only (elsewhere a compiler may contract
+    multiply-adds): a tensor on another device goes to the plain function."""
+    calls = []
+
+    def plain(x):
+        calls.append(x.device.type)
+        return x
+
+    def fn(x):
+        return x * 2.0
+
+    with kernels.compiling(True):
+        wrapped = kernels.compiled_float(fn, fallback=plain)
+        wrapped(torch.empty(3, device="meta"))
+    assert calls == ["meta"]
+    with kernels.compiling(False):
+        assert kernels.compiled_float(fn, fallback=plain) is plain

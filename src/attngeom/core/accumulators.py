@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.geometry import TopNMetrics, full_order, topn_metrics
+from attngeom.core.geometry import TopNMetrics, topn_metrics
 from attngeom.core.kernels import temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
@@ -191,39 +191,29 @@ class TopNAccumulator(Accumulator):
     def _add_bounds(
         self, cell: _Cell, res: TopNMetrics, batch: AttentionBatch, variant: str, constants
     ) -> None:
-        from attngeom.core.bounds import certified_bounds, inversion_bounds
+        from attngeom.core.bounds import bounds_of_top, inversion_bounds
 
         universe = batch.universe(exclude_sink=variant == "no_sink")
         alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0, posinf=0.0,
                                    neginf=0.0)
         k, h, q, t = res.valid.shape[0], *batch.alpha.shape
-        # the K random repeats become extra rows of one call: (K, H, Q, T) -> (H, K*Q, T),
-        # query rows in chunks: the full orders and expanded rows cost ~64 bytes per entry
-        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 64 * k * h * t))
+        # query rows in chunks (the K random orders share each chunk's key-order terms);
         # as in the metrics, each chunk stops at the last key its rows can see (the first
         # entries of ``top`` are then that prefix's own; later ones are padding)
+        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * k * h * t))
         last = torch.where(universe.any(0), torch.arange(t, device=universe.device), -1)
         parts = []
         for s in range(0, q, step):
             sl = slice(s, s + step)
-            m = len(range(q)[sl])
             tk = max(1, int(last[sl].amax()) + 1)
-            top = res.top[:, :, sl, : min(tk, res.top.shape[-1])]
-            order = full_order(top, res.universe[:, sl, :tk])
-
-            def rows(x: Tensor, m: int = m, tk: int = tk) -> Tensor:
-                return x.expand(k, h, m, tk).permute(1, 0, 2, 3).reshape(h, k * m, tk)
-
-            part = certified_bounds(
-                rows(alpha64[None, :, sl, :tk]), batch.stats.key_prefix(tk),
-                batch.kv_of_head, rows(order), rows(universe[None, :, sl, :tk]), res.n_grid,
-                constants[0], constants[1], constants[2],
-            )
-            parts.append({name: v.reshape(h, k, m, -1) for name, v in part.items()})
+            parts.append(bounds_of_top(
+                alpha64[:, sl, :tk], batch.stats.key_prefix(tk), batch.kv_of_head,
+                res.top[:, :, sl, : min(tk, res.top.shape[-1])], universe[:, sl, :tk],
+                res.n_grid, *constants,
+            ))
         b = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
         p_inv, r_inv = inversion_bounds(res.inversions, torch.tensor(res.n_grid))
-        cols = {name: b[name].permute(1, 0, 2, 3)
-                for name in ("precision_bound", "recall_bound", "f_bound")}
+        cols = {name: b[name] for name in ("precision_bound", "recall_bound", "f_bound")}
         cols["precision_inv_bound"], cols["recall_inv_bound"] = p_inv, r_inv
         sums = {}
         for name, x in cols.items():

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.kernels import temp_bytes
+from attngeom.core.kernels import compiled_float, temp_bytes
 from attngeom.core.pairs import coherence_slack, max_abs_cosine
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
@@ -128,75 +128,101 @@ def _as_param(x: Tensor | float, like: Tensor) -> Tensor:
     return torch.as_tensor(x, dtype=torch.float64, device=like.device)
 
 
-def _bound_rows(
+def _bound_keys(
     a: Tensor,
-    is_sink: Tensor,
-    usize: Tensor,
+    top: Tensor,
+    universe: Tensor,
     n_grid: tuple[int, ...],
     mu: Tensor,
     c_lo: Tensor,
     c_hi: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The method §8 bound on rows already sorted by the selection rule.
+    """The method §8 bound of each row, from its contribution lengths in key order.
 
-    a (..., T) float64 contribution lengths ``alpha_u ||v_u||`` in rule order; is_sink
-    (..., T) bool marks the sink's slot (if it is in the universe); usize (...,) the
-    universe size (slots < usize are the universe); mu, c_lo, c_hi broadcast to (...,).
-    Returns precision, recall, f bounds of shape (..., NN), NaN where N is invalid.
+    a (1, R, T) float64 contribution lengths ``alpha_u ||v_u||`` of R rows (the sink is
+    key 0); top (K, R, W) the first W keys in rule order of K orders of each row (W >=
+    every N of the grid that is valid for the row; entries past the universe size are
+    padding outside it); universe (1, R, T) bool; mu, c_lo, c_hi (1, R). The K orders
+    (the random control's repeats) share the key-order terms. Returns precision, recall,
+    f bounds (K, R, NN), NaN where N is invalid.
 
-    Per N the non-sink bounds are ``L = (1 + 2 mu) a^2 - 2 a B`` on the first N slots and
-    ``U = 2 a C - a^2`` on the others, with per-row scalars ``B = mu S - c_lo A0`` and
-    ``C = mu S + c_hi A0``; the sink's slot is handled apart. So each N costs a few
-    passes over T (the selected prefix and the unselected suffix are slices).
+    Per N the non-sink bounds are ``L = (1 + 2 mu) a^2 - 2 a B`` on the selected keys
+    (the first N of ``top``) and ``U = 2 a C - a^2`` on the others, with per-row
+    scalars ``B = mu S - c_lo A0`` and ``C = mu S + c_hi A0``; the sink is handled apart.
+    So each N costs one pass over the T keys (the unselected ones are those whose rank
+    in ``top`` is N or more) and one over the W first ones; no full order is needed.
     """
+    k, r, width = top.shape
     t = a.shape[-1]
-    slot = torch.arange(t, device=a.device)
-    in_u = slot < usize[..., None]
-    is_sink = is_sink & in_u
-    a = torch.where(in_u, a, 0.0)
-    a0 = torch.where(is_sink, a, 0.0).sum(-1)
-    has_sink = is_sink.any(-1)
-    sink_slot = torch.where(is_sink, slot, t).amin(-1)
-    a_ns = torch.where(is_sink, 0.0, a)
-    csum = torch.cumsum(a_ns, -1)
+    dev = a.device
+    universe = universe.to(torch.bool)
+    a = torch.where(universe, a, 0.0)
+    # the float sums stay outside the compiled steps, which must round exactly as the
+    # plain ones do (elementwise arithmetic, minima, maxima and counts only)
     tol2 = 2.0 * _SLACK * a.sum(-1) ** 2
-    a_sq = a_ns * a_ns
-    # the sink's slot gets L = +inf (never the minimum; its count is corrected below) and,
-    # with the keys outside the universe, U = -inf (never the maximum, never counted)
-    low_base = (1.0 + 2.0 * mu)[..., None] * a_sq + torch.where(is_sink, math.inf, 0.0)
-    up_base = a_sq + torch.where(is_sink | ~in_u, math.inf, 0.0)
-    two_a = 2.0 * a_ns
-    inf = torch.full_like(a0, math.inf)
-    nan = torch.full_like(a0, math.nan)
-    precision, recall, f_score = [], [], []
+    usize = universe.sum(-1)
+    has_sink = universe[..., SINK]
+    a0 = a[..., SINK]
+    is_key0 = torch.arange(t, device=dev) == SINK
+    a_ns = torch.where(is_key0, 0.0, a)  # key order, shared by the K orders
+    a_sq, two_a = a_ns * a_ns, 2.0 * a_ns
+    open_keys = universe & ~is_key0  # the non-sink universe keys
+    in_u = universe.expand(k, r, t).gather(-1, top)
+    a_top = torch.where(in_u, a_ns.expand(k, r, t).gather(-1, top), 0.0)
+    sink_at = (top == SINK) & in_u
+    csum = torch.cumsum(a_top, -1)
+    rank = torch.full((k, r, t), width, dtype=torch.int32, device=dev)
+    slots = torch.arange(width, dtype=torch.int32, device=dev)
+    rank.scatter_(-1, top, slots.expand(k, r, width))
+    sink_slot = torch.where(has_sink, rank[..., SINK], width)
+    # the sink's slot gets L = +inf (never the minimum; its count is corrected per N)
+    low_base = ((1.0 + 2.0 * mu)[..., None] * (a_top * a_top)
+                + torch.where(sink_at, math.inf, 0.0))
+    two_a_top = 2.0 * a_top
+    step = compiled_float(_bound_step)
+    columns = []
     for n in n_grid:
-        k = min(n, t)
-        s = csum[..., k - 1]
-        sink_sel = has_sink & (sink_slot < n)
-        sink_uns = has_sink & ~sink_sel
-        a0_sel = torch.where(sink_sel, a0, 0.0)
-        low = low_base[..., :k] - two_a[..., :k] * (mu * s - c_lo * a0_sel)[..., None]
-        up = two_a[..., k:] * (mu * s + c_hi * a0_sel)[..., None] - up_base[..., k:]
-        low_sink = a0 * a0 + 2.0 * c_lo * a0 * s
-        up_sink = 2.0 * c_hi * a0 * s - a0 * a0
-        min_low = torch.minimum(low.amin(-1), torch.where(sink_sel, low_sink, inf))
-        max_up = torch.where(sink_uns, up_sink, -inf)
-        if k < t:
-            max_up = torch.maximum(up.amax(-1), max_up)
-        r_thr = max_up + tol2
-        r_cnt = ((low > r_thr[..., None]).sum(-1) - sink_sel.to(torch.int64)
-                 + (sink_sel & (low_sink > r_thr)).to(torch.int64))
-        p_thr = min_low - tol2
-        p_cnt = (up >= p_thr[..., None]).sum(-1) + (sink_uns & (up_sink >= p_thr))
-        valid = usize > n
-        r = r_cnt.to(torch.float64) / n
-        p = n / (n + p_cnt.to(torch.float64))
-        denom = p + r
-        f = torch.where(denom > 0, 2 * p * r / torch.where(denom > 0, denom, 1.0), 0.0)
-        precision.append(torch.where(valid, p, nan))
-        recall.append(torch.where(valid, r, nan))
-        f_score.append(torch.where(valid, f, nan))
-    return torch.stack(precision, -1), torch.stack(recall, -1), torch.stack(f_score, -1)
+        # N and min(N, W) as 0-d tensors: one compiled graph serves every N and width
+        kk = min(n, width)
+        columns.append(step(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots,
+                            csum[..., kk - 1], a0, has_sink, sink_slot, usize, tol2, mu,
+                            c_lo, c_hi, torch.tensor(float(n), dtype=torch.float64, device=dev),
+                            torch.tensor(kk, dtype=torch.int32, device=dev)))
+    return tuple(torch.stack([c[i] for c in columns], -1) for i in range(3))
+
+
+def _bound_step(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor,
+                open_keys: Tensor, rank: Tensor, slots: Tensor, s: Tensor, a0: Tensor,
+                has_sink: Tensor, sink_slot: Tensor, usize: Tensor, tol2: Tensor, mu: Tensor,
+                c_lo: Tensor, c_hi: Tensor, n: Tensor, k: Tensor
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """Precision, recall and F bounds (K, R) of one N (``_bound_keys``), ``k`` = min(N, W)
+    selected slots: one pass over the W first keys and one over all T, which
+    ``torch.compile`` fuses on CPU (``compiled_float``)."""
+    sink_sel = has_sink & (sink_slot < n)
+    sink_uns = has_sink & ~sink_sel
+    a0_sel = torch.where(sink_sel, a0, 0.0)
+    selected = slots < k
+    low = torch.where(selected,
+                      low_base - two_a_top * (mu * s - c_lo * a0_sel)[..., None], math.inf)
+    low_sink = a0 * a0 + 2.0 * c_lo * a0 * s
+    up_sink = 2.0 * c_hi * a0 * s - a0 * a0
+    up = torch.where(open_keys & (rank >= k),
+                     two_a * (mu * s + c_hi * a0_sel)[..., None] - a_sq, -math.inf)
+    min_low = torch.minimum(low.amin(-1), torch.where(sink_sel, low_sink, math.inf))
+    max_up = torch.maximum(up.amax(-1), torch.where(sink_uns, up_sink, -math.inf))
+    p_thr = min_low - tol2
+    p_cnt = (up >= p_thr[..., None]).sum(-1) + (sink_uns & (up_sink >= p_thr))
+    r_thr = max_up + tol2
+    r_cnt = ((selected & (low > r_thr[..., None])).sum(-1) - sink_sel.to(torch.int64)
+             + (sink_sel & (low_sink > r_thr)).to(torch.int64))
+    valid = usize > n
+    r = r_cnt.to(torch.float64) / n
+    p = n / (n + p_cnt.to(torch.float64))
+    denom = p + r
+    f = torch.where(denom > 0, 2 * p * r / torch.where(denom > 0, denom, 1.0), 0.0)
+    return (torch.where(valid, p, math.nan), torch.where(valid, r, math.nan),
+            torch.where(valid, f, math.nan))
 
 
 def certified_bounds(
@@ -255,20 +281,50 @@ def certified_bounds(
     if not torch.equal(universe.gather(-1, order), slot < usize[..., None]):
         raise ConfigError("order: expected the universe's keys first in every row, got a row that "
                           "puts a key outside the universe before one inside it")
+    top = order[..., : max(1, min(max(grid), t))]
+    return {name: x[0] for name, x in bounds_of_top(
+        alpha, stats, kv_of_head, top[None], universe, grid, mu, c_lo, c_hi).items()}
+
+
+def bounds_of_top(
+    alpha: Tensor,
+    stats: ValueStats,
+    kv_of_head: Tensor,
+    top: Tensor,
+    universe: Tensor,
+    n_grid: Sequence[int],
+    mu: Tensor,
+    c_lo: Tensor,
+    c_hi: Tensor,
+) -> dict[str, Tensor]:
+    """:func:`certified_bounds` of K orders at once, each given by its first keys only.
+
+    top (K, H, Q, W): each row's first W keys in rule order (W at least the largest
+    valid N; the topN metrics' ``top``), alpha / universe (H, Q, T) shared by the K
+    orders. Returns the three bounds, each (K, H, Q, NN). No argument checks: the
+    accumulator and :func:`certified_bounds` call it with what they have checked.
+    """
+    grid = grid_of(n_grid)
+    k, h, q, _ = top.shape
+    t = alpha.shape[-1]
     kv = kv_of_head.to(alpha.device)
     norms = stats.norms.to(alpha.device)[kv]  # (H, T)
-    params = [_as_param(x, norms)[kv][:, None] for x in (mu, c_lo, c_hi)]
-    # rows in chunks: each N keeps about a dozen (H, rows, T) float64 temporaries
-    rows = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 8 * 12 * h * t))
+    params = [_as_param(x, norms)[kv][:, None] for x in (mu, c_lo, c_hi)]  # (H, 1)
+    # rows in chunks: each N keeps a few (K, H, rows, T) temporaries (eager)
+    rows = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 8 * 6 * k * h * t))
     parts = []
     for s in range(0, q, rows):
         sl = slice(s, s + rows)
         a = alpha[:, sl].to(torch.float64) * norms[:, None, :]
-        o = order[:, sl]
         m = a.shape[1]
-        parts.append(_bound_rows(a.gather(-1, o), o == SINK, usize[:, sl], grid,
-                                 *(x.expand(h, m) for x in params)))
-    p, r, f = (torch.cat([part[i] for part in parts], 1) for i in range(3))
+
+        def flat(x: Tensor, m: int = m) -> Tensor:  # (K', H, m, ...) -> (K', H m, ...)
+            return x.reshape(x.shape[0], h * m, *x.shape[3:])
+
+        got = _bound_keys(flat(a[None]), flat(top[:, :, sl]), flat(universe[None, :, sl]),
+                          grid, *(flat(x.expand(1, h, m)) for x in params))
+        parts.append([x.reshape(k, h, m, -1) for x in got])
+    p, r, f = (torch.cat([part[i] for part in parts], 2) for i in range(3))
     return {"precision_bound": p, "recall_bound": r, "f_bound": f}
 
 
@@ -342,9 +398,10 @@ def constant_norm_envelope(
     norms[:, SINK] = 1.0 / kappa
     # attention rule: descending alpha, ties to the smaller position (stable sort on -alpha)
     order = torch.sort(-prof, dim=-1, stable=True).indices
-    a = (prof * norms).gather(-1, order)
-    usize = torch.full((prof.shape[0],), t, dtype=torch.int64, device=prof.device)
-    p, r, f = _bound_rows(a, order == SINK, usize, grid, mu, c_lo, c_hi)
+    top = order[:, : max(1, min(max(grid), t))]
+    p, r, f = (x[0] for x in _bound_keys(
+        (prof * norms)[None], top[None], torch.ones_like(prof, dtype=torch.bool)[None], grid,
+        mu[None], c_lo[None], c_hi[None]))
     bad = ~((kappa > 0) & torch.isfinite(mu) & torch.isfinite(c_lo)
             & torch.isfinite(c_hi) & torch.isfinite(prof).all(-1))[:, None]
     p, r, f = (torch.where(bad, math.nan, x) for x in (p, r, f))

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
-from attngeom.core.kernels import counting, temp_bytes
+from attngeom.core.kernels import counting, counting_euclidean, temp_bytes
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES
@@ -437,19 +437,19 @@ def _metrics_rows(
         s2 = s2.masked_fill(degenerate, 0.0)
         inner = inner.masked_fill(degenerate[..., None], 0.0)
 
-    a = alpha_m[:, :, None, :]
-    if distance == "euclidean":
-        close = 2.0 * a * inner - a * a * stats.sq_norms[:, None, None, :]
-    else:
-        norms = stats.norms[:, None, None, :]
-        close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-
     # the sink's place in the order (N_max when it is not among the first N_max keys)
     sink_slot = torch.where((top_m == 0) & in_u, torch.arange(nmax, device=device),
                             nmax).amin(-1, keepdim=True)
-    cmin, cmax, intruders, clears, inversions = counting()(
-        close.reshape(g * m, nn, t), univ_m.reshape(g * m, t),
-        top_m.reshape(g * m, nmax), grid)
+    rows_u, rows_top = univ_m.reshape(g * m, t), top_m.reshape(g * m, nmax)
+    if distance == "euclidean":
+        cmin, cmax, intruders, clears, inversions = counting_euclidean()(
+            inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid)
+    else:
+        a = alpha_m[:, :, None, :]
+        norms = stats.norms[:, None, None, :]
+        close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
+        cmin, cmax, intruders, clears, inversions = counting()(
+            close.reshape(g * m, nn, t), rows_u, rows_top, grid)
     cmin, cmax = cmin.reshape(g, m, nn), cmax.reshape(g, m, nn)
     nf = grid_t.to(alpha.dtype)[None, None, :]
     precision = nf / (nf + intruders.reshape(g, m, nn).to(alpha.dtype))

@@ -104,12 +104,29 @@ def compiled(fn: Callable, fallback: Callable | None = None) -> Callable:
     return wrapper
 
 
-def _guarded(fn: Callable, plain: Callable) -> Callable:
+def compiled_float(fn: Callable, fallback: Callable | None = None) -> Callable:
+    """``compiled(fn)`` for a function with floating-point arithmetic, used only where
+    the compiled form rounds exactly as the plain one: on CPU, where inductor's C++
+    keeps the operations' order and contracts no multiply-add (``-ffp-contract=off``)
+    and never turns a division into a reciprocal. ``fn`` must leave float sums (whose
+    order a compiler may change) to its caller. Elsewhere (Triton fuses multiply-adds)
+    it runs ``fallback`` (default ``fn`` itself), which must compute the same thing."""
+    plain = fn if fallback is None else fallback
+    if not compile_enabled():
+        return plain
+    wrapper = _CACHE.get(fn)
+    if wrapper is None:
+        wrapper = _CACHE[fn] = _guarded(fn, plain, cpu_only=True)
+    return wrapper
+
+
+def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callable:
     fast = torch.compile(fn, dynamic=True, fullgraph=True)
     seen: set = set()
 
     def call(*args, **kwargs):
-        if _STATE["broken"]:
+        if _STATE["broken"] or (cpu_only and any(
+                isinstance(a, Tensor) and a.device.type != "cpu" for a in args)):
             return plain(*args, **kwargs)
         key = tuple((a.dtype, a.dim()) if isinstance(a, Tensor) else a for a in args)
         first = key not in seen
@@ -190,6 +207,36 @@ def counting() -> Callable:
     """The counting kernel to call: fused and compiled where compilation is on, else
     the eager one (also the fallback if compiling fails); both give the same counts."""
     return compiled(count_metrics_fused, fallback=count_metrics)
+
+
+def euclidean_close(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
+    """(G, M, NN, T) Euclidean closeness ``g = 2 alpha <v, s_N> - alpha^2 ||v||^2`` from
+    ``inner`` (G, M, NN, T), ``alpha`` (G, M, T) and ``sq_norms`` (G, T)."""
+    a = alpha[:, :, None, :]
+    return 2.0 * a * inner - a * a * sq_norms[:, None, None, :]
+
+
+def count_euclidean_fused(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
+                          top: Tensor, grid: Sequence[int]):
+    """``count_metrics_fused`` of ``euclidean_close``: compiled (``compiled_float``), the
+    scores are computed inside the counting loops and never stored."""
+    g, m, nn, t = inner.shape
+    close = euclidean_close(inner, alpha, sq_norms).reshape(g * m, nn, t)
+    return count_metrics_fused(close, universe, top, grid)
+
+
+def _count_euclidean_plain(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
+                           top: Tensor, grid: Sequence[int]):
+    g, m, nn, t = inner.shape
+    close = euclidean_close(inner, alpha, sq_norms).reshape(g * m, nn, t)
+    return counting()(close, universe, top, grid)
+
+
+def counting_euclidean() -> Callable:
+    """The counting of the Euclidean metrics from ``<v_u, s_N>``: the closeness scores and
+    the counts in one compiled pass on CPU, where compiled float arithmetic rounds as the
+    plain one does; elsewhere the scores are computed plain, then ``counting()``."""
+    return compiled_float(count_euclidean_fused, fallback=_count_euclidean_plain)
 
 
 def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int]):
