@@ -244,3 +244,31 @@ def test_stacked_windows_equal_one_update_per_window() -> None:
     a, b = one_by_one.compute(), stacked.compute()
     _assert_tables_equal(a["metrics"], b["metrics"])
     _assert_tables_equal(a["sink_effect"], b["sink_effect"])
+
+
+def test_rules_in_one_pass_equal_each_rule_alone() -> None:
+    """``topn_metrics_rules`` stacks the rules' orders as the K rows of one pass; every
+    rule gets, bit for bit, what ``topn_metrics`` gives it alone (both universes, ties)."""
+    from attngeom.core.geometry import topn_metrics_rules
+
+    alpha, values, rows, vis = _window(4)
+    alpha = alpha.clone()
+    alpha[1] = (alpha[1] * 8).round() / 8  # tied scores
+    for exclude_sink in (False, True):
+        both = topn_metrics_rules(alpha, values, GRID, rules=("random", "attention",
+                                  "contribution"), visible=vis, query_positions=rows,
+                                  repeats=3, seed=7, exclude_sink=exclude_sink)
+        assert list(both) == ["random", "attention", "contribution"]
+        for rule, res in both.items():
+            one = topn_metrics(alpha, values, GRID, rule=rule, visible=vis,
+                               query_positions=rows, repeats=3, seed=7,
+                               exclude_sink=exclude_sink)
+            assert res.valid.shape[0] == (3 if rule == "random" else 1)
+            for name in (*METRICS, "valid", "top", "sink_selected", "nonfinite"):
+                got, want = getattr(res, name), getattr(one, name)
+                if got.dtype.is_floating_point:
+                    got, want = got.nan_to_num(-1.0), want.nan_to_num(-1.0)
+                assert torch.equal(got, want), (rule, name)
+    with pytest.raises(ConfigError, match="distinct"):
+        topn_metrics_rules(alpha, values, GRID, rules=("attention", "attention"),
+                           visible=vis, query_positions=rows)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.geometry import TopNMetrics, topn_metrics
+from attngeom.core.geometry import TopNMetrics, topn_metrics_rules
 from attngeom.core.kernels import temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
@@ -141,25 +141,26 @@ class TopNAccumulator(Accumulator):
         constants = None
         results: dict[tuple[str, str, str], TopNMetrics] = {}
         for variant in cfg.variants:
-            for rule in cfg.rules:
-                for distance in cfg.distances:
-                    res = topn_metrics(
-                        batch.alpha, None, cfg.n_grid, rule=rule, distance=distance,
-                        visible=batch.visible, exclude_sink=variant == "no_sink",
-                        query_positions=batch.query_positions, repeats=cfg.repeats,
-                        seed=cfg.seed, window=row_window, layer=batch.layer,
-                        stats=batch.stats, head_index=row_head,
-                    )
-                    if rule == "attention" and distance == "euclidean":
-                        results[(variant, rule, distance)] = res  # for the sink split
-                    cell = self._cell(res)
-                    if cfg.bounds and distance == "euclidean":
-                        if constants is None:
-                            constants = _window_constants(batch)
-                        self._add_bounds(cell, res, batch, variant, constants)
+            for distance in cfg.distances:
+                # every rule in one pass: their orders are stacked as the K rows
+                by_rule = topn_metrics_rules(
+                    batch.alpha, None, cfg.n_grid, rules=cfg.rules, distance=distance,
+                    visible=batch.visible, exclude_sink=variant == "no_sink",
+                    query_positions=batch.query_positions, repeats=cfg.repeats,
+                    seed=cfg.seed, window=row_window, layer=batch.layer,
+                    stats=batch.stats, head_index=row_head,
+                )
+                cells = {rule: self._cell(res) for rule, res in by_rule.items()}
+                if cfg.bounds and distance == "euclidean":
+                    if constants is None:
+                        constants = _window_constants(batch)
+                    self._add_bounds(cells, by_rule, batch, variant, constants)
+                if distance == "euclidean" and "attention" in by_rule:
+                    results[(variant, "attention", distance)] = by_rule["attention"]
+                for rule in cfg.rules:
                     for i, b in enumerate(batches):
                         key = (b.window, b.layer, rule, variant, distance)
-                        part = cell.rows(slice(i * h, (i + 1) * h))
+                        part = cells[rule].rows(slice(i * h, (i + 1) * h))
                         if key in self.cells:
                             self.cells[key].add(part)
                         else:
@@ -189,17 +190,20 @@ class TopNAccumulator(Accumulator):
         )
 
     def _add_bounds(
-        self, cell: _Cell, res: TopNMetrics, batch: AttentionBatch, variant: str, constants
+        self, cells: dict[str, _Cell], by_rule: dict[str, TopNMetrics], batch: AttentionBatch,
+        variant: str, constants,
     ) -> None:
         from attngeom.core.bounds import bounds_of_top, inversion_bounds
 
         universe = batch.universe(exclude_sink=variant == "no_sink")
         alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0, posinf=0.0,
                                    neginf=0.0)
-        k, h, q, t = res.valid.shape[0], *batch.alpha.shape
-        # query rows in chunks (the K random orders share each chunk's key-order terms);
-        # as in the metrics, each chunk stops at the last key its rows can see (the first
-        # entries of ``top`` are then that prefix's own; later ones are padding)
+        # every rule's orders in one call (the K rows share the key-order terms)
+        tops = torch.cat([res.top for res in by_rule.values()])
+        k, h, q, t = tops.shape[0], *batch.alpha.shape
+        # query rows in chunks; as in the metrics, each chunk stops at the last key its
+        # rows can see (the first entries of ``top`` are then that prefix's own; later
+        # ones are padding)
         step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * k * h * t))
         last = torch.where(universe.any(0), torch.arange(t, device=universe.device), -1)
         parts = []
@@ -208,20 +212,24 @@ class TopNAccumulator(Accumulator):
             tk = max(1, int(last[sl].amax()) + 1)
             parts.append(bounds_of_top(
                 alpha64[:, sl, :tk], batch.stats.key_prefix(tk), batch.kv_of_head,
-                res.top[:, :, sl, : min(tk, res.top.shape[-1])], universe[:, sl, :tk],
-                res.n_grid, *constants,
+                tops[:, :, sl, : min(tk, tops.shape[-1])], universe[:, sl, :tk],
+                next(iter(by_rule.values())).n_grid, *constants,
             ))
-        b = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
-        p_inv, r_inv = inversion_bounds(res.inversions, torch.tensor(res.n_grid))
-        cols = {name: b[name] for name in ("precision_bound", "recall_bound", "f_bound")}
-        cols["precision_inv_bound"], cols["recall_inv_bound"] = p_inv, r_inv
-        sums = {}
-        for name, x in cols.items():
-            ok = res.valid & torch.isfinite(x)
-            sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
-        counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
-        cell.sums.update(sums)
-        cell.bound_counts = counts
+        bounds = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
+        start = 0
+        for rule, res in by_rule.items():
+            sl = slice(start, start + res.valid.shape[0])
+            start = sl.stop
+            cols = {name: bounds[name][sl]
+                    for name in ("precision_bound", "recall_bound", "f_bound")}
+            cols["precision_inv_bound"], cols["recall_inv_bound"] = inversion_bounds(
+                res.inversions, torch.tensor(res.n_grid))
+            sums = {}
+            for name, x in cols.items():
+                ok = res.valid & torch.isfinite(x)
+                sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
+            cells[rule].sums.update(sums)
+            cells[rule].bound_counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
 
     def _sink_parts(self, full: TopNMetrics, nosink: TopNMetrics) -> dict[str, Tensor]:
         """F sums and counts per head row and N, split by whether the sink was selected."""

@@ -249,7 +249,8 @@ def topn_metrics(
     windows may be stacked along the head dimension: then ``window`` and ``head_index``
     give each head row's window and head, which seed the random control. ``path``
     (``"direct"`` or ``"gram"``) forces how ``<v_u, s_N>`` is computed (module
-    docstring); both give the same metrics.
+    docstring); both give the same metrics. :func:`topn_metrics_rules` computes several
+    rules in one pass.
 
     >>> a = torch.tensor([[[0.25, 0.5, 0.25]]])   # one head, one query (t = 2), T = 3
     >>> v = torch.tensor([[[1.0], [1.0], [-1.0]]])
@@ -257,12 +258,51 @@ def topn_metrics(
     >>> r.precision[0, 0, 0].tolist(), r.recall[0, 0, 0].tolist(), bool(r.trivial[0])
     ([1.0, 1.0], [1.0, 1.0], True)
     """
-    check_rule_distance(rule, distance)
+    return topn_metrics_rules(
+        alpha, values, n_grid, rules=(rule,), distance=distance, visible=visible,
+        exclude_sink=exclude_sink, query_positions=query_positions, repeats=repeats,
+        seed=seed, window=window, layer=layer, stats=stats, chunk_rows=chunk_rows,
+        head_index=head_index, path=path,
+    )[rule]
+
+
+def topn_metrics_rules(
+    alpha: Tensor,
+    values: Tensor | None,
+    n_grid: Sequence[int],
+    *,
+    rules: Sequence[str] = ("attention",),
+    distance: str = "euclidean",
+    visible: Tensor | None = None,
+    exclude_sink: bool = False,
+    query_positions: Tensor | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    window: int | Tensor = 0,
+    layer: int = 0,
+    stats: ValueStats | None = None,
+    chunk_rows: int | None = None,
+    head_index: Tensor | None = None,
+    path: str | None = None,
+) -> dict[str, TopNMetrics]:
+    """:func:`topn_metrics` of several rules of the same rows, one result per rule.
+
+    The rules' orders (``repeats`` of them for the random rule, one otherwise) are
+    stacked as the K rows of one pass, so the rows' shared work (value norms, chunking,
+    one ``<v_u, s_N>`` product and one counting call per chunk) is done once; each
+    rule gets the metrics :func:`topn_metrics` gives it alone (a test checks that they
+    are equal bit for bit).
+    """
+    rules = tuple(rules)
+    if not rules or len(set(rules)) != len(rules):
+        raise ConfigError(f"rules: expected distinct rule names, got {list(rules)}")
+    for rule in rules:
+        check_rule_distance(rule, distance)
     if path not in (None, "direct", "gram"):
         raise ConfigError(f"path: expected 'direct' or 'gram', got {path!r}")
     grid = _grid_tensor(n_grid)
-    if rule != "random":
-        repeats = 1
+    ks = {rule: int(repeats) if rule == "random" else 1 for rule in rules}
+    repeats = sum(ks.values())  # the K orders of one pass, every rule's stacked
     if alpha.dim() != 3:
         raise ConfigError(f"alpha: expected shape (H, Q, T), got {tuple(alpha.shape)}")
     if stats is None:
@@ -311,7 +351,6 @@ def topn_metrics(
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
     usize = universe.sum(-1)
     valid = (grid_t >= 1) & (grid_t[None, None, :] < usize[..., None]) & ~nonfinite[..., None]
-    valid = valid[None].expand(repeats, h, q, len(grid)).clone()
 
     rows = repeats * group * stats.queries  # rows per kv head, whole window
     use_gram = path == "gram" or (path is None and _gram_pays(
@@ -330,29 +369,33 @@ def topn_metrics(
         tk = max(1, int(last[sl].amax()) + 1)
         sub = stats.key_prefix(tk, with_gram=use_gram)
         # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
-        top = select_order(
+        top = torch.cat([select_order(
             alpha64[:, sl, :tk], head_norms[:, :tk], universe[:, sl, :tk], rule, nmax,
-            repeats=repeats, query_positions=query_positions[sl], seed=seed, window=window,
+            repeats=ks[rule], query_positions=query_positions[sl], seed=seed, window=window,
             layer=layer, head_index=head_index,
-        )
+        ) for rule in rules])
         tops.append(_pad_top(top, nmax, tk))
         parts.append(_metrics_rows(alpha64[:, sl, :tk], top, universe[:, sl, :tk], sub,
                                    group, grid, min(nmax, tk), distance, use_gram))
     top = torch.cat(tops, dim=2)
     out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
-    for name in METRICS:
-        out[name] = out[name].masked_fill(~valid, float("nan"))
     trivial = (grid_t == 1) & (distance == "euclidean")
-    return TopNMetrics(
-        **{name: out[name] for name in METRICS},
-        valid=valid,
-        trivial=trivial,
-        nonfinite=nonfinite,
-        sink_selected=out["sink_selected"] & valid,
-        top=top,
-        universe=universe,
-        n_grid=grid,
-    )
+    results, start = {}, 0
+    for rule in rules:
+        sl = slice(start, start + ks[rule])
+        start += ks[rule]
+        mine = valid[None].expand(ks[rule], h, q, len(grid)).clone()
+        results[rule] = TopNMetrics(
+            **{name: out[name][sl].masked_fill(~mine, float("nan")) for name in METRICS},
+            valid=mine,
+            trivial=trivial,
+            nonfinite=nonfinite,
+            sink_selected=out["sink_selected"][sl] & mine,
+            top=top[sl],
+            universe=universe,
+            n_grid=grid,
+        )
+    return results
 
 
 def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
