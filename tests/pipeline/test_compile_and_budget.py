@@ -1,8 +1,9 @@
 """Compiled and plain kernels, a failing compiler, and the memory budget: same tables.
 
-The compiled kernels (``core/kernels.py``) do only exact work (comparisons, counts,
-integer hashing), so a run with ``compile="on"`` must write the tables of a run with
-``compile="off"`` byte for byte; so must a run whose compiler fails (it warns once and
+The compiled kernels (``core/kernels.py``) do exact work (comparisons, counts,
+integer hashing) or, on CPU, float arithmetic that rounds as the plain operations do,
+so a run with ``compile="on"`` must write the tables of a run with ``compile="off"``
+byte for byte; so must a run whose compiler fails (it warns once and
 falls back). A run whose memory budget cuts the queries into chunks of three rows
 computes q.k in smaller matrix products (BLAS may round those differently in float32)
 and adds its per-row sums in another order: its tables agree to that rounding, and a

@@ -5,7 +5,9 @@ comparisons and counts over every key of every row and N (Precision's intruders,
 Recall's clear keys, the inversion pairs), and the integer hashing of the random
 control. Both are exact operations (comparisons, minima, maxima and sums of booleans
 or integers; no rounding), so a fused, compiled version gives bit for bit the tables
-of the plain one: the floating-point scores themselves are always computed outside.
+of the plain one. Floating-point kernels (the Euclidean closeness scores, the bounds'
+per-N steps) are compiled only through ``compiled_float``: on CPU, where the generated
+C++ rounds every operation as the plain one does, and never with float sums inside.
 
 ``compiled(fn)`` returns the compiled version of one of these functions when
 compilation is enabled (``set_compile(True)``, or the ``ATTNGEOM_COMPILE`` variable)
