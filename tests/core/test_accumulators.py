@@ -272,3 +272,31 @@ def test_rules_in_one_pass_equal_each_rule_alone() -> None:
     with pytest.raises(ConfigError, match="distinct"):
         topn_metrics_rules(alpha, values, GRID, rules=("attention", "attention"),
                            visible=vis, query_positions=rows)
+
+
+def test_rules_sharing_a_pass_keep_their_own_path() -> None:
+    """The Gram and direct paths round differently (exact ties can fall either way), so
+    each rule's path is decided by its own rows: here the random rule's repeats make the
+    Gram path pay while the attention rule alone takes the direct one, and the stacked
+    call still gives each rule its lone result, ties included."""
+    from attngeom.core.geometry import _gram_pays, causal_visibility, topn_metrics_rules
+
+    g, h, t, d, grid = 2, 4, 64, 64, (1, 2, 3, 4, 6, 8, 12, 16)
+    qpos = torch.arange(54, 64)
+    vis = causal_visibility(qpos, t)
+    assert _gram_pays(3 * 2 * 10, t, d, len(grid), 16)
+    assert not _gram_pays(2 * 10, t, d, len(grid), 16)
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        values = (torch.randn(g, t, d, generator=gen) * 0.7).round() / 3  # exact ties
+        logits = (torch.randn(h, qpos.numel(), t, generator=gen) * 0.5).round()
+        alpha = torch.softmax(logits.masked_fill(~vis, float("-inf")), -1)
+        stats = ValueStats(values, queries=qpos.numel())
+        both = topn_metrics_rules(alpha, None, grid, rules=("random", "attention"),
+                                  visible=vis, query_positions=qpos, repeats=3, stats=stats)
+        for rule, res in both.items():
+            one = topn_metrics(alpha, None, grid, rule=rule, visible=vis, query_positions=qpos,
+                               repeats=3, stats=stats)
+            for name in (*METRICS, "top"):
+                assert torch.equal(getattr(res, name).nan_to_num(-1.0),
+                                   getattr(one, name).nan_to_num(-1.0)), (seed, rule, name)

@@ -456,3 +456,29 @@ def test_overwrite_never_removes_what_attngeom_did_not_write(tmp_path) -> None:
     with pytest.raises(RunDirError, match="manifest.json"):
         prepare_run_dir(other, command="analyze", fingerprint="x", overwrite=True)
     assert (other / "manifest.json").is_file()
+
+
+def test_another_process_write_probe_is_looked_past(tmp_path):
+    """Each process of a data-parallel run proves the directory writable with a probe
+    file it removes at once; a process checking the directory meanwhile must neither
+    refuse the run because of it nor delete it (it raced before: "files attngeom did
+    not write (.attngeom-write-test.<hex>)")."""
+    from attngeom.pipeline.runner import check_writable
+
+    probe = f"{rio.WRITE_PROBE_PREFIX}{'ab' * 16}"
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / probe).write_bytes(b"")
+    assert prepare_run_dir(new, command="analyze", fingerprint="f", check_only=True) == new
+    run = tmp_path / "run"
+    fp = _finished_run(run)
+    (run / probe).write_bytes(b"")
+    assert prepare_run_dir(run, command="analyze", fingerprint=fp) == run
+    prepare_run_dir(run, command="prune", fingerprint="other", overwrite=True)
+    assert [p.name for p in run.iterdir()] == [probe]  # the other process removes its own
+    (run / "notes.txt").write_text("mine")  # a look-alike with another name is foreign
+    (run / ".attngeom-write-test.notes").write_text("mine")
+    with pytest.raises(RunDirError, match=r"did not write \(\.attngeom-write-test\.notes, "
+                                          r"notes\.txt\)"):
+        prepare_run_dir(run, command="analyze", fingerprint="f", check_only=True)
+    assert check_writable(new) == new and [p.name for p in new.iterdir()] == [probe]

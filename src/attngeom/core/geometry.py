@@ -12,8 +12,10 @@ and every comparison the metrics make is a comparison of a "closeness" score wit
 the sign flipped: g for the Euclidean distance (never D, which loses the small
 alphas to cancellation, method §11), the cosine similarity for the cosine distance.
 Only the first N_max keys of each row's order matter (found by a partial selection,
-ties to the smaller position); ``<v_u, s_N>`` comes one of two ways, both exact in
-float64, whichever costs less for the rows at hand:
+ties to the smaller position); ``<v_u, s_N>`` comes one of two ways, both in float64
+(they round differently, so exact ties can fall either way), whichever costs less for
+a rule's rows at hand (decided from the rule's own row count, so a rule gets the same
+path whatever other rules share its pass):
 
 - **direct** (few rows, e.g. one ``final`` query per window): the aggregates s_N for
   every N of the grid are a cumulative sum of the N_max selected value rows, and
@@ -309,6 +311,7 @@ def topn_metrics_rules(
         if values is None:
             raise ConfigError("topn_metrics needs values or stats")
         stats = ValueStats(values.to(alpha.device), queries=alpha.shape[1])
+    given = stats  # as passed (non-finite values included), for a split by path below
     h, q, t = alpha.shape
     g = stats.num_kv_heads
     if h % g or stats.num_keys != t:
@@ -352,9 +355,21 @@ def topn_metrics_rules(
     usize = universe.sum(-1)
     valid = (grid_t >= 1) & (grid_t[None, None, :] < usize[..., None]) & ~nonfinite[..., None]
 
-    rows = repeats * group * stats.queries  # rows per kv head, whole window
-    use_gram = path == "gram" or (path is None and _gram_pays(
-        rows, t, int(stats.values.shape[-1]), len(grid), nmax))
+    # each rule's path from its own rows per kv head (whole window), as if it were alone
+    gram = {rule: path == "gram" or (path is None and _gram_pays(
+        ks[rule] * group * stats.queries, t, int(stats.values.shape[-1]), len(grid), nmax))
+        for rule in rules}
+    if len(set(gram.values())) > 1:  # rules that take different paths: one pass per path
+        out = {}
+        for use in (False, True):
+            out.update(topn_metrics_rules(
+                alpha, None, n_grid, rules=[r for r in rules if gram[r] == use],
+                distance=distance, visible=visible, exclude_sink=exclude_sink,
+                query_positions=query_positions, repeats=ks.get("random", 1), seed=seed,
+                window=window, layer=layer, stats=given, chunk_rows=chunk_rows,
+                head_index=head_index, path="gram" if use else "direct"))
+        return {rule: out[rule] for rule in rules}
+    use_gram = gram[rules[0]]
     if chunk_rows is None:
         per_row = max(1, repeats * h * t * max(nmax, len(grid)) * 8 * 3)
         chunk_rows = max(1, temp_bytes(_CHUNK_BYTES) // per_row)

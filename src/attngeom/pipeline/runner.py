@@ -221,7 +221,9 @@ def check_writable(out: Path) -> Path:
     except OSError as e:
         raise RunDirError(f"cannot create results directory {out}: "
                           f"{e.strerror or type(e).__name__}") from None
-    probe = out / f".attngeom-write-test.{uuid.uuid4().hex}"
+    from attngeom.results.io import WRITE_PROBE_PREFIX
+
+    probe = out / f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}"
     try:
         probe.write_bytes(b"")
         probe.unlink()

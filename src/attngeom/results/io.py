@@ -54,6 +54,11 @@ PARQUET_COMPRESSION = "zstd"
 
 # Hidden temporary files of ``_atomic_write``: ".<target name>.<32 hex>.tmp".
 _TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{32}\.tmp$")
+# an empty file each process of a run writes and removes at once to prove the directory
+# writable (``pipeline/runner.check_writable``); another process of the same run may
+# see one while it checks the directory, so directory checks look past it
+WRITE_PROBE_PREFIX = ".attngeom-write-test."
+_PROBE_RE = re.compile(r"^\.attngeom-write-test\.[0-9a-f]{32}$")
 
 
 # --------------------------------------------------------------------------- atomic
@@ -345,7 +350,8 @@ def prepare_run_dir(
         if check_only:
             return run_dir
         run_dir.mkdir(parents=True, exist_ok=True)  # another process may race us here
-    entries = sorted(run_dir.iterdir(), key=lambda p: p.name)
+    entries = sorted((p for p in run_dir.iterdir() if not _PROBE_RE.match(p.name)),
+                     key=lambda p: p.name)
     if not entries:
         return run_dir
 
