@@ -588,3 +588,23 @@ def test_compiled_bounds_equal_plain_bit_for_bit() -> None:
         for name in plain:
             assert torch.equal(plain[name].nan_to_num(-1.0), fast[name].nan_to_num(-1.0)), name
             assert not plain[name].isnan().all()
+
+
+def test_no_bound_from_a_window_with_a_non_finite_value() -> None:
+    """An overflowed value state makes the window's constants NaN; the bound of every row
+    of that kv head is then undefined (NaN), not the P = 1 that NaN thresholds would
+    give, while the other kv head keeps its bounds."""
+    gen = torch.Generator().manual_seed(2)
+    values, alpha, qpos = random_window(gen, h=4, g=2, t=10)
+    values[0, 5] = float("inf")
+    stats = ValueStats(values)
+    kv = torch.arange(4) // 2
+    uni = causal(qpos, 10).expand(4, -1, -1).clone()
+    uni[:, :, 5:] = False  # no row sees the bad key, so the metrics stay valid
+    order = rule_order(alpha, stats.norms[kv], uni, "attention", gen)
+    c = window_constants(stats)
+    assert torch.isnan(c.mu[0]) and torch.isfinite(c.mu[1])
+    b = certified_bounds(alpha, stats, kv, order, uni, [1, 2], *c)
+    for name in ("precision_bound", "recall_bound", "f_bound"):
+        assert torch.isnan(b[name][:2]).all(), name
+        assert torch.isfinite(b[name][2:, 2:]).all(), name

@@ -325,6 +325,10 @@ def bounds_of_top(
                           grid, *(flat(x.expand(1, h, m)) for x in params))
         parts.append([x.reshape(k, h, m, -1) for x in got])
     p, r, f = (torch.cat([part[i] for part in parts], 2) for i in range(3))
+    # a window with a non-finite value state has NaN constants: no bound for its rows
+    # (NaN thresholds would count nothing and claim P = 1)
+    bad = ~(torch.isfinite(params[0]) & torch.isfinite(params[1]) & torch.isfinite(params[2]))
+    p, r, f = (x.masked_fill(bad[None, :, :, None], math.nan) for x in (p, r, f))
     return {"precision_bound": p, "recall_bound": r, "f_bound": f}
 
 

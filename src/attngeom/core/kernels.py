@@ -31,7 +31,7 @@ from torch import Tensor
 
 _STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
           "broken": False, "seconds": 0.0, "temp_bytes": None}
-_CACHE: dict[Callable, Callable] = {}
+_CACHE: dict[object, Callable] = {}  # fn, or (fn, "float") for compiled_float
 
 
 def set_compile(enabled: bool) -> None:
@@ -116,9 +116,9 @@ def compiled_float(fn: Callable, fallback: Callable | None = None) -> Callable:
     plain = fn if fallback is None else fallback
     if not compile_enabled():
         return plain
-    wrapper = _CACHE.get(fn)
+    wrapper = _CACHE.get((fn, "float"))
     if wrapper is None:
-        wrapper = _CACHE[fn] = _guarded(fn, plain, cpu_only=True)
+        wrapper = _CACHE[(fn, "float")] = _guarded(fn, plain, cpu_only=True)
     return wrapper
 
 
