@@ -152,9 +152,11 @@ class TopNAccumulator(Accumulator):
                 )
                 cells = {rule: self._cell(res) for rule, res in by_rule.items()}
                 if cfg.bounds and distance == "euclidean":
-                    if constants is None:
+                    if constants is None:  # once per layer: both variants read them
                         constants = _window_constants(batch)
-                    self._add_bounds(cells, by_rule, batch, variant, constants)
+                        alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0,
+                                                   posinf=0.0, neginf=0.0)
+                    self._add_bounds(cells, by_rule, batch, alpha64, constants)
                 if distance == "euclidean" and "attention" in by_rule:
                     results[(variant, "attention", distance)] = by_rule["attention"]
                 for rule in cfg.rules:
@@ -191,13 +193,11 @@ class TopNAccumulator(Accumulator):
 
     def _add_bounds(
         self, cells: dict[str, _Cell], by_rule: dict[str, TopNMetrics], batch: AttentionBatch,
-        variant: str, constants,
+        alpha64: Tensor, constants,
     ) -> None:
         from attngeom.core.bounds import bounds_of_top, inversion_bounds
 
-        universe = batch.universe(exclude_sink=variant == "no_sink")
-        alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0, posinf=0.0,
-                                   neginf=0.0)
+        universe = next(iter(by_rule.values())).universe  # the variant's, as the metrics'
         # every rule's orders in one call (the K rows share the key-order terms)
         tops = torch.cat([res.top for res in by_rule.values()])
         k, h, q, t = tops.shape[0], *batch.alpha.shape

@@ -31,7 +31,7 @@ from torch import Tensor
 
 _STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
           "broken": False, "seconds": 0.0, "temp_bytes": None}
-_CACHE: dict[object, Callable] = {}  # fn, or (fn, "float") for compiled_float
+_CACHE: dict[tuple[Callable, bool], Callable] = {}  # (fn, cpu_only) -> wrapper
 
 
 def set_compile(enabled: bool) -> None:
@@ -94,15 +94,17 @@ def compile_seconds() -> float:
     return _STATE["seconds"]
 
 
-def compiled(fn: Callable, fallback: Callable | None = None) -> Callable:
+def compiled(fn: Callable, fallback: Callable | None = None, *,
+             cpu_only: bool = False) -> Callable:
     """``fn`` compiled with ``torch.compile`` when enabled and working, else
-    ``fallback`` (default ``fn`` itself), which must compute the same thing."""
+    ``fallback`` (default ``fn`` itself), which must compute the same thing; with
+    ``cpu_only`` the compiled form serves CPU tensors only (``compiled_float``)."""
     plain = fn if fallback is None else fallback
     if not compile_enabled():
         return plain
-    wrapper = _CACHE.get(fn)
+    wrapper = _CACHE.get((fn, cpu_only))
     if wrapper is None:
-        wrapper = _CACHE[fn] = _guarded(fn, plain)
+        wrapper = _CACHE[(fn, cpu_only)] = _guarded(fn, plain, cpu_only=cpu_only)
     return wrapper
 
 
@@ -113,13 +115,7 @@ def compiled_float(fn: Callable, fallback: Callable | None = None) -> Callable:
     and never turns a division into a reciprocal. ``fn`` must leave float sums (whose
     order a compiler may change) to its caller. Elsewhere (Triton fuses multiply-adds)
     it runs ``fallback`` (default ``fn`` itself), which must compute the same thing."""
-    plain = fn if fallback is None else fallback
-    if not compile_enabled():
-        return plain
-    wrapper = _CACHE.get((fn, "float"))
-    if wrapper is None:
-        wrapper = _CACHE[(fn, "float")] = _guarded(fn, plain, cpu_only=True)
-    return wrapper
+    return compiled(fn, fallback, cpu_only=True)
 
 
 def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callable:
@@ -222,16 +218,18 @@ def count_euclidean_fused(inner: Tensor, alpha: Tensor, sq_norms: Tensor, univer
                           top: Tensor, grid: Sequence[int]):
     """``count_metrics_fused`` of ``euclidean_close``: compiled (``compiled_float``), the
     scores are computed inside the counting loops and never stored."""
-    g, m, nn, t = inner.shape
-    close = euclidean_close(inner, alpha, sq_norms).reshape(g * m, nn, t)
-    return count_metrics_fused(close, universe, top, grid)
+    return count_metrics_fused(_close_rows(inner, alpha, sq_norms), universe, top, grid)
 
 
 def _count_euclidean_plain(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
                            top: Tensor, grid: Sequence[int]):
+    return counting()(_close_rows(inner, alpha, sq_norms), universe, top, grid)
+
+
+def _close_rows(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
+    """``euclidean_close`` as the (G M, NN, T) rows the counting kernels take."""
     g, m, nn, t = inner.shape
-    close = euclidean_close(inner, alpha, sq_norms).reshape(g * m, nn, t)
-    return counting()(close, universe, top, grid)
+    return euclidean_close(inner, alpha, sq_norms).reshape(g * m, nn, t)
 
 
 def counting_euclidean() -> Callable:
