@@ -85,12 +85,19 @@ def test_stream_equals_kernel_mean() -> None:
 
 
 def test_query_chunks_add_up() -> None:
+    """Chunks of query rows add up to the whole window: every column to 1e-12, the margin
+    within rounding, since a chunk's rows (and the sink-excluded rows redone in packs
+    of a chunk's size) take their ``V s_N`` products from calls of another shape, and
+    on shapes this small torch's own small-matrix loop rounds apart from BLAS."""
     whole, chunked = TopNAccumulator(_cfg()), TopNAccumulator(_cfg())
     for b in _batches(0, 1):
         whole.update(b)
     for b in _batches(0, 1, chunks=3):
         chunked.update(b)
-    _assert_tables_equal(_table(whole), _table(chunked))
+    a, b = _table(whole), _table(chunked)
+    margin = a.pop("margin"), b.pop("margin")
+    _assert_tables_equal(a, b)
+    np.testing.assert_allclose(margin[1], margin[0], rtol=1e-7, atol=1e-12, equal_nan=True)
 
 
 def test_kernel_byte_budget_chunks_rows_and_never_the_tables() -> None:

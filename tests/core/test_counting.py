@@ -66,16 +66,43 @@ def test_eager_and_fused_counts_match_the_definitions(seed, r, t, grid, levels):
             assert torch.equal(have[ok], want[ok]), (fn.__name__, name)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), r=st.integers(1, 5), t=st.integers(2, 70),
+       grid=st.sampled_from([(1,), (1, 2, 4, 8), (3, 16, 33), (1, 2, 4, 8, 16, 32, 64)]),
+       levels=st.sampled_from([3, 1000]))
+def test_counts_with_key_0_dropped_are_those_of_the_universe_without_it(
+        seed, r, t, grid, levels):
+    """``drop_first``'s four extra counts equal the plain counts of the same rows with
+    key 0 out of the universe, wherever key 0 is not selected (the rows they serve)."""
+    close, universe, top = _rows(seed, r, t, grid, levels)
+    without = universe.clone()
+    without[:, 0] = False
+    want = _reference(close, without, top, grid)
+    # key 0 unselected at N: not among the row's first N universe keys
+    slot = torch.where((top == 0) & universe.gather(-1, top), torch.arange(top.shape[-1]),
+                       top.shape[-1]).amin(-1, keepdim=True)
+    ok = _valid(without, grid) & (slot >= torch.tensor(grid)[None, :])
+    for fn in (count_metrics, count_metrics_fused):
+        got = fn(close, universe, top, grid, True)
+        assert len(got) == 9
+        for have, plain in zip(got[:5], fn(close, universe, top, grid), strict=True):
+            assert torch.equal(have, plain), fn.__name__  # the full counts unchanged
+        for name, w, have in zip(("cmin", "cmax", "intruders", "clears", "inversions"),
+                                 want, (got[0], *got[5:]), strict=True):
+            assert torch.equal(have[ok], w[ok]), (fn.__name__, name)
+
+
 def test_compiled_counting_equals_eager():
     """The kernel the pipeline calls with compilation on gives the eager integers."""
     grid = (1, 2, 4, 8, 16, 32, 40)
     close, universe, top = _rows(7, 12, 300, grid, 50)
-    want = count_metrics(close, universe, top, grid)
-    with kernels.compiling(True):
-        got = kernels.counting()(close, universe, top, grid)
-    assert not kernels._STATE["broken"]
-    for w, g in zip(want, got, strict=True):
-        assert torch.equal(w, g)
+    for drop in (False, True):
+        want = count_metrics(close, universe, top, grid, drop)
+        with kernels.compiling(True):
+            got = kernels.counting()(close, universe, top, grid, drop)
+        assert not kernels._STATE["broken"]
+        for w, g in zip(want, got, strict=True):
+            assert torch.equal(w, g)
 
 
 def test_compiled_euclidean_counting_equals_plain():
@@ -94,13 +121,14 @@ def test_compiled_euclidean_counting_equals_plain():
     order = torch.argsort(torch.rand(g * m, t, generator=gen) + 2.0 * ~universe, dim=-1)
     top = order[:, : max(grid)].contiguous()
     close = kernels.euclidean_close(inner, alpha, sq).reshape(g * m, len(grid), t)
-    want = count_metrics(close, universe, top, grid)
-    plain = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid)
-    with kernels.compiling(True):
-        got = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid)
-    assert not kernels._STATE["broken"]
-    for w, p, c in zip(want, plain, got, strict=True):
-        assert torch.equal(w, p) and torch.equal(w, c)
+    for drop in (False, True):
+        want = count_metrics(close, universe, top, grid, drop)
+        plain = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid, drop)
+        with kernels.compiling(True):
+            got = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid, drop)
+        assert not kernels._STATE["broken"]
+        for w, p, c in zip(want, plain, got, strict=True):
+            assert torch.equal(w, p) and torch.equal(w, c)
 
 
 def test_compiled_float_runs_plain_off_the_cpu():

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
-from attngeom.core.geometry import TopNMetrics, topn_metrics_rules
+from attngeom.core.geometry import TopNMetrics, topn_metrics_variants
 from attngeom.core.kernels import temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
@@ -140,16 +140,17 @@ class TopNAccumulator(Accumulator):
         row_head = torch.arange(h, device=device).repeat(len(batches))
         constants = None
         results: dict[tuple[str, str, str], TopNMetrics] = {}
-        for variant in cfg.variants:
-            for distance in cfg.distances:
-                # every rule in one pass: their orders are stacked as the K rows
-                by_rule = topn_metrics_rules(
-                    batch.alpha, None, cfg.n_grid, rules=cfg.rules, distance=distance,
-                    visible=batch.visible, exclude_sink=variant == "no_sink",
-                    query_positions=batch.query_positions, repeats=cfg.repeats,
-                    seed=cfg.seed, window=row_window, layer=batch.layer,
-                    stats=batch.stats, head_index=row_head,
-                )
+        for distance in cfg.distances:
+            # every rule in one pass (their orders are stacked as the K rows), and the
+            # sink-excluded universe read off the full one where their first keys agree
+            by_variant = topn_metrics_variants(
+                batch.alpha, None, cfg.n_grid, rules=cfg.rules, variants=cfg.variants,
+                distance=distance, visible=batch.visible,
+                query_positions=batch.query_positions, repeats=cfg.repeats,
+                seed=cfg.seed, window=row_window, layer=batch.layer,
+                stats=batch.stats, head_index=row_head,
+            )
+            for variant, by_rule in by_variant.items():
                 cells = {rule: self._cell(res) for rule, res in by_rule.items()}
                 if cfg.bounds and distance == "euclidean":
                     if constants is None:  # once per layer: both variants read them

@@ -43,7 +43,7 @@ from attngeom.core.batch import ValueStats
 from attngeom.core.kernels import counting, counting_euclidean, temp_bytes
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
-from attngeom.names import DISTANCES, METRICS, RULES
+from attngeom.names import DISTANCES, METRICS, RULES, VARIANTS
 
 COSINE_EPS = 1e-12
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -293,11 +293,53 @@ def topn_metrics_rules(
     stacked as the K rows of one pass, so the rows' shared work (value norms, chunking,
     one ``<v_u, s_N>`` product and one counting call per chunk) is done once; each
     rule gets the metrics :func:`topn_metrics` gives it alone (a test checks that they
-    are equal bit for bit).
+    are equal bit for bit). :func:`topn_metrics_variants` does both universes at once.
     """
-    rules = tuple(rules)
+    variant = "no_sink" if exclude_sink else "full"
+    return topn_metrics_variants(
+        alpha, values, n_grid, rules=rules, variants=(variant,), distance=distance,
+        visible=visible, query_positions=query_positions, repeats=repeats, seed=seed,
+        window=window, layer=layer, stats=stats, chunk_rows=chunk_rows,
+        head_index=head_index, path=path,
+    )[variant]
+
+
+def topn_metrics_variants(
+    alpha: Tensor,
+    values: Tensor | None,
+    n_grid: Sequence[int],
+    *,
+    rules: Sequence[str] = ("attention",),
+    variants: Sequence[str] = VARIANTS,
+    distance: str = "euclidean",
+    visible: Tensor | None = None,
+    query_positions: Tensor | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    window: int | Tensor = 0,
+    layer: int = 0,
+    stats: ValueStats | None = None,
+    chunk_rows: int | None = None,
+    head_index: Tensor | None = None,
+    path: str | None = None,
+) -> dict[str, dict[str, TopNMetrics]]:
+    """:func:`topn_metrics_rules` in each universe of ``variants`` ({variant: {rule: ...}}).
+
+    With both universes, one pass serves most rows of the sink-excluded one: removing
+    key 0 from the universe changes no other key's place in any rule's order, so a row
+    whose first N_max keys (full universe) do not hold the sink keeps them, and with
+    them every aggregate and score; its counts are the full universe's with key 0
+    taken out, which the counting kernels return alongside (``drop_first``). Only the
+    rows whose first keys hold the sink (or whose non-finite sink skips the full row
+    alone) get a pass of their own, packed per kv head. The tables equal those of one
+    pass per universe (a test checks it bit for bit).
+    """
+    rules, variants = tuple(rules), tuple(variants)
     if not rules or len(set(rules)) != len(rules):
         raise ConfigError(f"rules: expected distinct rule names, got {list(rules)}")
+    if not variants or len(set(variants)) != len(variants) or not set(variants) <= set(VARIANTS):
+        raise ConfigError(
+            f"variants: expected distinct names among {', '.join(VARIANTS)}, got {list(variants)}")
     for rule in rules:
         check_rule_distance(rule, distance)
     if path not in (None, "direct", "gram"):
@@ -325,9 +367,15 @@ def topn_metrics_rules(
     query_positions = query_positions.to(device=device, dtype=torch.int64)
     if visible is None:
         visible = causal_visibility(query_positions, t)
-    universe = visible.to(device=device, dtype=torch.bool).expand(h, q, t).clone()
-    if exclude_sink:
-        universe[..., 0] = False
+    seen_keys = visible.to(device=device, dtype=torch.bool).expand(h, q, t)
+    universes = {}
+    for variant in variants:
+        universes[variant] = seen_keys.clone()
+        if variant == "no_sink":
+            universes[variant][..., 0] = False
+    # the pass computed in full, and the sink-excluded universe read off it
+    first = "full" if "full" in variants else variants[0]
+    derived = "no_sink" if first == "full" and "no_sink" in variants else None
 
     group = h // g
     kv = torch.arange(h, device=device) // group
@@ -338,12 +386,17 @@ def topn_metrics_rules(
     bad_norm = ~torch.isfinite(head_norms)
     any_bad_norm = bool(bad_norm.any())
     finite = torch.isfinite(alpha)  # as in float64: the cast keeps finiteness
+    alphas, nonfinite = {}, {}
     if bool(finite.all()) and not any_bad_norm:  # the usual case: one pass
-        nonfinite = torch.zeros((h, q), dtype=torch.bool, device=device)
+        for variant in variants:
+            nonfinite[variant] = torch.zeros((h, q), dtype=torch.bool, device=device)
+            alphas[variant] = alpha64
     else:
-        nonfinite = ((~finite | bad_norm[:, None, :]) & universe).any(-1)
-        alpha64 = torch.where(finite, alpha64, torch.zeros((), dtype=alpha64.dtype))
-        alpha64 = alpha64.masked_fill(nonfinite[..., None], 0.0)
+        bad = ~finite | bad_norm[:, None, :]
+        zeroed = torch.where(finite, alpha64, torch.zeros((), dtype=alpha64.dtype))
+        for variant in variants:
+            nonfinite[variant] = (bad & universes[variant]).any(-1)
+            alphas[variant] = zeroed.masked_fill(nonfinite[variant][..., None], 0.0)
     # any non-finite value state is zeroed, also at keys no row sees: those still pad
     # short rows' orders, and a NaN padding column would poison the Gram path's sums
     if any_bad_norm:
@@ -352,23 +405,23 @@ def topn_metrics_rules(
         head_norms = stats.norms[kv]
     nmax = max(1, min(max(grid), t))
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
-    usize = universe.sum(-1)
-    valid = (grid_t >= 1) & (grid_t[None, None, :] < usize[..., None]) & ~nonfinite[..., None]
 
     # each rule's path from its own rows per kv head (whole window), as if it were alone
     gram = {rule: path == "gram" or (path is None and _gram_pays(
         ks[rule] * group * stats.queries, t, int(stats.values.shape[-1]), len(grid), nmax))
         for rule in rules}
     if len(set(gram.values())) > 1:  # rules that take different paths: one pass per path
-        out = {}
+        out: dict[str, dict[str, TopNMetrics]] = {v: {} for v in variants}
         for use in (False, True):
-            out.update(topn_metrics_rules(
+            part = topn_metrics_variants(
                 alpha, None, n_grid, rules=[r for r in rules if gram[r] == use],
-                distance=distance, visible=visible, exclude_sink=exclude_sink,
+                variants=variants, distance=distance, visible=visible,
                 query_positions=query_positions, repeats=ks.get("random", 1), seed=seed,
                 window=window, layer=layer, stats=given, chunk_rows=chunk_rows,
-                head_index=head_index, path="gram" if use else "direct"))
-        return {rule: out[rule] for rule in rules}
+                head_index=head_index, path="gram" if use else "direct")
+            for variant in variants:
+                out[variant].update(part[variant])
+        return {v: {rule: out[v][rule] for rule in rules} for v in variants}
     use_gram = gram[rules[0]]
     if chunk_rows is None:
         per_row = max(1, repeats * h * t * max(nmax, len(grid)) * 8 * 3)
@@ -376,41 +429,63 @@ def topn_metrics_rules(
     # each chunk works on the keys up to the last one any of its rows can see: causal
     # rows see a prefix, so ``all`` queries do about half the work of full rows; keys
     # past it are in no universe and change no order, count or aggregate
-    seen = universe.any(0)  # (Q, T)
+    seen = universes[first].any(0)  # (Q, T)
     last = torch.where(seen, torch.arange(t, device=device), -1)
-    parts, tops = [], []
+    computed = [first] if derived is None else [first, derived]
+    parts: dict[str, list] = {v: [] for v in computed}
+    tops: dict[str, list] = {v: [] for v in computed}
+    if derived is not None:
+        alone = nonfinite[first] & ~nonfinite[derived]  # a non-finite sink skips full only
     for s in range(0, q, chunk_rows):
         sl = slice(s, s + chunk_rows)
         tk = max(1, int(last[sl].amax()) + 1)
         sub = stats.key_prefix(tk, with_gram=use_gram)
-        # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
-        top = torch.cat([select_order(
-            alpha64[:, sl, :tk], head_norms[:, :tk], universe[:, sl, :tk], rule, nmax,
-            repeats=ks[rule], query_positions=query_positions[sl], seed=seed, window=window,
-            layer=layer, head_index=head_index,
-        ) for rule in rules])
-        tops.append(_pad_top(top, nmax, tk))
-        parts.append(_metrics_rows(alpha64[:, sl, :tk], top, universe[:, sl, :tk], sub,
-                                   group, grid, min(nmax, tk), distance, use_gram))
-    top = torch.cat(tops, dim=2)
-    out = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
+        chunk = {}
+        for variant in computed:
+            a, u = alphas[variant][:, sl, :tk], universes[variant][:, sl, :tk]
+            # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
+            top = torch.cat([select_order(
+                a, head_norms[:, :tk], u, rule, nmax, repeats=ks[rule],
+                query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
+                head_index=head_index,
+            ) for rule in rules])
+            chunk[variant] = (a, top, u)
+            tops[variant].append(_pad_top(top, nmax, tk))
+        sink_rows = None
+        if derived is not None:
+            top, u = chunk[first][1], chunk[first][2]
+            holds_sink = (top == 0).any(-1) & u[None, :, :, 0]  # padding is outside U
+            sink_rows = (*chunk[derived], holds_sink | alone[None, :, sl])
+        own, read_off = _metrics_rows(*chunk[first], sub, group, grid, min(nmax, tk),
+                                      distance, use_gram, sink_rows)
+        parts[first].append(own)
+        if derived is not None:
+            parts[derived].append(read_off)
     trivial = (grid_t == 1) & (distance == "euclidean")
-    results, start = {}, 0
-    for rule in rules:
-        sl = slice(start, start + ks[rule])
-        start += ks[rule]
-        mine = valid[None].expand(ks[rule], h, q, len(grid)).clone()
-        results[rule] = TopNMetrics(
-            **{name: out[name][sl].masked_fill(~mine, float("nan")) for name in METRICS},
-            valid=mine,
-            trivial=trivial,
-            nonfinite=nonfinite,
-            sink_selected=out["sink_selected"][sl] & mine,
-            top=top[sl],
-            universe=universe,
-            n_grid=grid,
-        )
-    return results
+    results: dict[str, dict[str, TopNMetrics]] = {}
+    for variant in computed:
+        top = torch.cat(tops[variant], dim=2)
+        out = {name: torch.cat([p[name] for p in parts[variant]], dim=2)
+               for name in parts[variant][0]}
+        usize = universes[variant].sum(-1)
+        valid = ((grid_t >= 1) & (grid_t[None, None, :] < usize[..., None])
+                 & ~nonfinite[variant][..., None])
+        results[variant], start = {}, 0
+        for rule in rules:
+            sl = slice(start, start + ks[rule])
+            start += ks[rule]
+            mine = valid[None].expand(ks[rule], h, q, len(grid)).clone()
+            results[variant][rule] = TopNMetrics(
+                **{name: out[name][sl].masked_fill(~mine, float("nan")) for name in METRICS},
+                valid=mine,
+                trivial=trivial,
+                nonfinite=nonfinite[variant],
+                sink_selected=out["sink_selected"][sl] & mine,
+                top=top[sl],
+                universe=universes[variant],
+                n_grid=grid,
+            )
+    return {variant: results[variant] for variant in variants}
 
 
 def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
@@ -423,6 +498,7 @@ def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
     return torch.cat([top, pad.expand(*top.shape[:-1], missing)], dim=-1)
 
 
+_REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows
 _GATHER_COST = 24  # one gathered element costs about 24 multiply-adds of a matrix product
 
 
@@ -451,6 +527,10 @@ class _Folding:
         x = x.reshape(self.g, self.k, self.group, self.q, *rest).movedim(0, 1)
         return x.reshape(self.k, self.h, self.q, *rest)
 
+    def fold_rows(self, x: Tensor) -> Tensor:
+        """(H, Q, ...) shared by the K orders -> (G, M, ...)."""
+        return self.fold(x[None].expand(self.k, *x.shape))
+
 
 def _metrics_rows(
     alpha: Tensor,
@@ -462,21 +542,73 @@ def _metrics_rows(
     nmax: int,
     distance: str,
     use_gram: bool,
-) -> dict[str, Tensor]:
-    """Metrics of one chunk of rows; heads are folded into their kv group."""
+    sink_rows: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """Metrics of one chunk of rows, (K, H, Q, NN) each; heads are folded into their kv
+    group. With ``sink_rows`` (the sink-excluded universe's alpha, order and universe,
+    and which (K, H, Q) rows hold the sink among their first keys) the second result is
+    that universe's: read off this pass's counts, and computed anew for those rows."""
     k, h, q, _ = top.shape
-    t = alpha.shape[-1]
     fd = _Folding(k, h, q, group)
-    g, m, nn = fd.g, fd.m, len(grid)
-    device = alpha.device
-    alpha_m = fd.fold(alpha[None].expand(k, h, q, t))
-    univ_m = fd.fold(universe[None].expand(k, h, q, t))
-    top_m = fd.fold(top)  # (G, M, N_max)
+    own, read_off = _metrics_folded(
+        fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top), stats, grid, nmax,
+        distance, use_gram, drop_first=sink_rows is not None)
+    if sink_rows is None:
+        return {name: fd.unfold(x) for name, x in own.items()}, None
+    alpha_d, top_d, universe_d, redo = sink_rows
+    redo = fd.fold(redo)  # (G, M)
+    if bool(redo.any()):
+        # each kv head's rows to redo first (stable: in row order), in packs of a width
+        # set by M alone, never by the data: a row's products then come from a call of
+        # the same shape whatever else the batch holds (pack slots past a head's count
+        # hold rows that are not redone; their results are dropped)
+        g, m = redo.shape
+        count = redo.sum(-1, keepdim=True)
+        width = -(-m // _REDO_PACKS)
+        packs = -(-int(count.max()) // width)
+        order = torch.argsort((~redo).to(torch.uint8), dim=-1, stable=True)
+        if packs * width > m:
+            order = torch.cat([order, order[:, : packs * width - m]], dim=1)
+        inputs = (fd.fold_rows(alpha_d), fd.fold_rows(universe_d), fd.fold(top_d))
+        heads = torch.arange(g, device=redo.device)[:, None]
+        for p in range(packs):
+            rows = order[:, p * width : (p + 1) * width]
+            keep = torch.arange(p * width, (p + 1) * width, device=rows.device) < count
+
+            def pick(x: Tensor, rows: Tensor = rows) -> Tensor:
+                index = rows.reshape(*rows.shape, *(1,) * (x.dim() - 2))
+                return x.gather(1, index.expand(*rows.shape, *x.shape[2:]))
+
+            again, _ = _metrics_folded(*(pick(x) for x in inputs), stats, grid, nmax,
+                                       distance, use_gram, drop_first=False)
+            at = (heads.expand_as(rows)[keep], rows[keep])
+            for name, x in again.items():
+                read_off[name][at] = x[keep]
+    return ({name: fd.unfold(x) for name, x in own.items()},
+            {name: fd.unfold(x) for name, x in read_off.items()})
+
+
+def _metrics_folded(
+    alpha_m: Tensor,
+    univ_m: Tensor,
+    top_m: Tensor,
+    stats: ValueStats,
+    grid: tuple[int, ...],
+    nmax: int,
+    distance: str,
+    use_gram: bool,
+    *,
+    drop_first: bool,
+) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """Metrics of folded rows (G, M, ·) -> (G, M, NN); with ``drop_first`` also those with
+    key 0 taken out of the universe (valid for the rows whose first keys miss it)."""
+    g, m, t = alpha_m.shape
+    device = alpha_m.device
     usize = univ_m.sum(-1)
     in_u = torch.arange(nmax, device=device) < usize[..., None]  # padding past |U|
     a_top = torch.gather(alpha_m, -1, top_m) * in_u
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
-    kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha.dtype)
+    kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha_m.dtype)
 
     if use_gram:
         inner, s2 = _inner_gram(stats, top_m, a_top, kmask)
@@ -490,7 +622,7 @@ def _metrics_rows(
         # alpha^2 ||v||^2.)
         lengths = a_top * torch.gather(stats.norms[:, None].expand(g, m, t), -1, top_m)
         scale = (lengths[:, :, None, :] * kmask.T).sum(-1)
-        limit = _CANCEL * grid_t.to(alpha.dtype)[None, None, :] * scale * scale
+        limit = _CANCEL * grid_t.to(alpha_m.dtype)[None, None, :] * scale * scale
         degenerate = s2 <= limit
         s2 = s2.masked_fill(degenerate, 0.0)
         inner = inner.masked_fill(degenerate[..., None], 0.0)
@@ -500,18 +632,31 @@ def _metrics_rows(
                             nmax).amin(-1, keepdim=True)
     rows_u, rows_top = univ_m.reshape(g * m, t), top_m.reshape(g * m, nmax)
     if distance == "euclidean":
-        cmin, cmax, intruders, clears, inversions = counting_euclidean()(
-            inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid)
+        counts = counting_euclidean()(inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid,
+                                      drop_first)
     else:
         a = alpha_m[:, :, None, :]
         norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-        cmin, cmax, intruders, clears, inversions = counting()(
-            close.reshape(g * m, nn, t), rows_u, rows_top, grid)
-    cmin, cmax = cmin.reshape(g, m, nn), cmax.reshape(g, m, nn)
-    nf = grid_t.to(alpha.dtype)[None, None, :]
-    precision = nf / (nf + intruders.reshape(g, m, nn).to(alpha.dtype))
-    recall = clears.reshape(g, m, nn).to(alpha.dtype) / nf
+        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid,
+                            drop_first)
+    counts = [x.reshape(g, m, len(grid)) for x in counts]
+    own = _scores(*counts[:5], s2, grid_t, distance)
+    own["sink_selected"] = (sink_slot < grid_t) & univ_m[..., 0, None]
+    if not drop_first:
+        return own, None
+    read_off = _scores(counts[0], *counts[5:], s2, grid_t, distance)
+    read_off["sink_selected"] = torch.zeros_like(own["sink_selected"])
+    return own, read_off
+
+
+def _scores(cmin: Tensor, cmax: Tensor, intruders: Tensor, clears: Tensor,
+            inversions: Tensor, s2: Tensor, grid_t: Tensor, distance: str) -> dict[str, Tensor]:
+    """P, R, F, margin and inversions (float64) from the counts of each row and N."""
+    dtype = s2.dtype
+    nf = grid_t.to(dtype)[None, None, :]
+    precision = nf / (nf + intruders.to(dtype))
+    recall = clears.to(dtype) / nf
     denom = precision + recall
     f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
     if distance == "euclidean":
@@ -522,12 +667,8 @@ def _metrics_rows(
         margin = torch.where(spread > 0, (cmin - cmax) / spread.clamp_min(1e-300), 0.0)
     else:
         margin = cmin - cmax
-    out = {
-        "precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
-        "inversions": inversions.reshape(g, m, nn).to(alpha.dtype),
-        "sink_selected": (sink_slot < grid_t) & univ_m[..., 0, None],
-    }
-    return {name: fd.unfold(out[name]) for name in (*METRICS, "sink_selected")}
+    return {"precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
+            "inversions": inversions.to(dtype)}
 
 
 def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int):

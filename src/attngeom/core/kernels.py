@@ -151,8 +151,8 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
 _LOOP_UP_TO = 32  # selected keys up to which eager inversions go one key at a time
 
 
-def count_metrics(close: Tensor, universe: Tensor, top: Tensor,
-                  grid: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
+                  drop_first: bool = False) -> tuple[Tensor, ...]:
     """The exact counts behind Precision, Recall and the inversions, per row and N.
 
     ``close`` (R, NN, T) closeness scores (larger = nearer the aggregate),
@@ -161,7 +161,10 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor,
     selected score, the largest unselected score, the number of unselected keys at
     least as close as the farthest selected one, the number of selected keys closer
     than every unselected one, and the inversion pairs (i selected, j unselected,
-    close[j] >= close[i]).
+    close[j] >= close[i]). With ``drop_first`` four more follow: the largest unselected
+    score, intruders, clear keys and inversions with key 0 taken out of the universe
+    (the sink-excluded universe's counts of a row whose selection does not hold key 0;
+    meaningless where it does).
 
     This is the eager version: each selected key i counts its inversions,
     #{j unselected: close[j] >= close[i]}, in one comparison pass (no (R, N, T)
@@ -169,8 +172,8 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor,
     each unselected key is searched in the sorted selected scores (the same
     comparisons). ``count_metrics_fused`` is the form ``torch.compile`` fuses.
     """
-    cmin, cmax, intruders, clears, unsel, thresholds = _selection_counts(
-        close, universe, top, grid)
+    counts, unsel, thresholds, dropped = _selection_counts(
+        close, universe, top, grid, drop_first)
     inversions = []
     for c, n in enumerate(grid):
         k = min(int(n), top.shape[-1])
@@ -183,22 +186,32 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor,
             ordered = torch.sort(thresholds[:, c, :k], dim=-1).values
             count = torch.searchsorted(ordered, u.contiguous(), right=True).sum(-1)
         inversions.append(count)
-    return cmin, cmax, intruders, clears, torch.stack(inversions, -1)
+    return _with_dropped(counts, torch.stack(inversions, -1), dropped)
 
 
-def count_metrics_fused(close: Tensor, universe: Tensor, top: Tensor,
-                        grid: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def count_metrics_fused(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
+                        drop_first: bool = False) -> tuple[Tensor, ...]:
     """``count_metrics`` written as one broadcast comparison per N, (R, N, T), which the
     compiler turns into a single loop with no temporary (about 4x faster than the eager
     version on CPU, and a small graph: seconds to compile). Eager, it would materialise
     the (R, N, T) comparisons, so it is only called compiled (``counting``)."""
-    cmin, cmax, intruders, clears, unsel, thresholds = _selection_counts(
-        close, universe, top, grid)
+    counts, unsel, thresholds, dropped = _selection_counts(
+        close, universe, top, grid, drop_first)
     inversions = []
     for c, n in enumerate(grid):
         k = min(int(n), top.shape[-1])
         inversions.append((unsel[:, c, None, :] >= thresholds[:, c, :k, None]).sum((1, 2)))
-    return cmin, cmax, intruders, clears, torch.stack(inversions, -1)
+    return _with_dropped(counts, torch.stack(inversions, -1), dropped)
+
+
+def _with_dropped(counts: tuple, inversions: Tensor, dropped: tuple | None) -> tuple:
+    """The counts in their returned order; with key 0 dropped, its four after them."""
+    cmin, cmax, intruders, clears = counts
+    if dropped is None:
+        return cmin, cmax, intruders, clears, inversions
+    cmax0, intruders0, clears0, first_inversions = dropped
+    return (cmin, cmax, intruders, clears, inversions,
+            cmax0, intruders0, clears0, inversions - first_inversions)
 
 
 def counting() -> Callable:
@@ -215,15 +228,16 @@ def euclidean_close(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
 
 
 def count_euclidean_fused(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
-                          top: Tensor, grid: Sequence[int]):
+                          top: Tensor, grid: Sequence[int], drop_first: bool = False):
     """``count_metrics_fused`` of ``euclidean_close``: compiled (``compiled_float``), the
     scores are computed inside the counting loops and never stored."""
-    return count_metrics_fused(_close_rows(inner, alpha, sq_norms), universe, top, grid)
+    return count_metrics_fused(_close_rows(inner, alpha, sq_norms), universe, top, grid,
+                               drop_first)
 
 
 def _count_euclidean_plain(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
-                           top: Tensor, grid: Sequence[int]):
-    return counting()(_close_rows(inner, alpha, sq_norms), universe, top, grid)
+                           top: Tensor, grid: Sequence[int], drop_first: bool = False):
+    return counting()(_close_rows(inner, alpha, sq_norms), universe, top, grid, drop_first)
 
 
 def _close_rows(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
@@ -239,9 +253,13 @@ def counting_euclidean() -> Callable:
     return compiled_float(count_euclidean_fused, fallback=_count_euclidean_plain)
 
 
-def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int]):
+def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
+                      drop_first: bool = False):
     """What both counting versions share: cmin, cmax, intruders and clears (R, NN), the
-    unselected scores (R, NN, T) and each column's thresholds (R, NN, N_max).
+    unselected scores (R, NN, T), each column's thresholds (R, NN, N_max) and, with
+    ``drop_first``, the counts with key 0 out of the universe (else None): the largest
+    score over the unselected keys past 0, the intruders and clear keys against it, and
+    key 0's own inversions (the selected scores it reaches).
 
     The selected keys are the first N entries of ``top`` that lie in the universe, so
     everything about them is read at those N_max columns. One copy of the scores, with
@@ -265,7 +283,15 @@ def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequen
     cmax = unsel.amax(-1)
     intruders = (unsel >= cmin[..., None]).sum(-1)
     clears = (sel & (csel > cmax[..., None])).sum(-1)
-    return cmin, cmax, intruders, clears, unsel, thresholds
+    dropped = None
+    if drop_first:
+        first = unsel[..., 0]  # key 0's score where it is unselected and in U, else -inf
+        rest = unsel[..., 1:]
+        cmax0 = rest.amax(-1) if rest.shape[-1] else torch.full_like(cmax, -float("inf"))
+        dropped = (cmax0, intruders - (first >= cmin).to(intruders.dtype),
+                   (sel & (csel > cmax0[..., None])).sum(-1),
+                   (first[..., None] >= thresholds).sum(-1))
+    return (cmin, cmax, intruders, clears), unsel, thresholds, dropped
 
 
 # --------------------------------------------------------------------------- hashing
