@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import TopNMetrics, topn_metrics_variants
-from attngeom.core.kernels import temp_bytes
+from attngeom.core.kernels import stacked_windows, temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
 from attngeom.names import METRICS, VARIANTS
@@ -117,7 +117,8 @@ class TopNAccumulator(Accumulator):
                    tuple(b.query_positions.tolist()))
             groups.setdefault(key, []).append(b)
         for group in groups.values():
-            self._update_stacked(group)
+            with stacked_windows(len(group)):  # pieces per window, whatever the batch
+                self._update_stacked(group)
 
     def _update_stacked(self, batches: list[AttentionBatch]) -> None:
         cfg = self.config

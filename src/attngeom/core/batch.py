@@ -43,6 +43,8 @@ class ValueStats:
         self._gram: Tensor | None = None
         self._coherence: Tensor | None = None
         self._pairs: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._values64: Tensor | None = None
+        self._sink_cos: Tensor | None = None
         self._parts: list[ValueStats] = []  # set by ``stack``: caches live in the parts
 
     @classmethod
@@ -64,6 +66,8 @@ class ValueStats:
         out = ValueStats(self.values[:, :num_keys], self.dtype, queries=self.queries)
         out._sq_norms = self.sq_norms[:, :num_keys]
         out._norms = self.norms[:, :num_keys]
+        if self._values64 is not None:
+            out._values64 = self._values64[:, :num_keys]
         if with_gram:
             out._gram = self.gram[:, :num_keys, :num_keys]
         return out
@@ -78,7 +82,10 @@ class ValueStats:
 
     @property
     def values64(self) -> Tensor:
-        return self.values.to(self.dtype)
+        """(G, T, d) the values in the stats' dtype (float64), cast once per window."""
+        if self._values64 is None:
+            self._values64 = self.values.to(self.dtype)
+        return self._values64
 
     @property
     def gram(self) -> Tensor:
@@ -121,12 +128,16 @@ class ValueStats:
         return self._pairs
 
     def sink_cosines(self) -> Tensor:
-        """(G, T-1) float64 cos(v_0, v_b) for b >= 1 (0 where either vector is zero)."""
-        v = self.values64
-        dots = (v[:, 1:] * v[:, :1]).sum(-1)
-        denom = self.norms[:, :1] * self.norms[:, 1:]
-        ok = denom > 0
-        return torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0).clamp(-1.0, 1.0)
+        """(G, T-1) float64 cos(v_0, v_b) for b >= 1 (0 where either vector is zero),
+        cached for the window."""
+        if self._sink_cos is None:
+            v = self.values64
+            dots = (v[:, 1:] * v[:, :1]).sum(-1)
+            denom = self.norms[:, :1] * self.norms[:, 1:]
+            ok = denom > 0
+            self._sink_cos = torch.where(ok, dots / torch.where(ok, denom, 1.0),
+                                         0.0).clamp(-1.0, 1.0)
+        return self._sink_cos
 
     @property
     def norms(self) -> Tensor:

@@ -331,8 +331,9 @@ def topn_metrics_variants(
     them every aggregate and score; its counts are the full universe's with key 0
     taken out, which the counting kernels return alongside (``drop_first``). Only the
     rows whose first keys hold the sink (or whose non-finite sink skips the full row
-    alone) get a pass of their own, packed per kv head. The tables equal those of one
-    pass per universe (a test checks it bit for bit).
+    alone) get a pass of their own, packed per kv head. Every count equals that of one
+    pass per universe (tested); a redone row's margin may differ in its last bits, its
+    ``V s_N`` product coming from a call with fewer rows.
     """
     rules, variants = tuple(rules), tuple(variants)
     if not rules or len(set(rules)) != len(rules):
@@ -440,17 +441,29 @@ def topn_metrics_variants(
         sl = slice(s, s + chunk_rows)
         tk = max(1, int(last[sl].amax()) + 1)
         sub = stats.key_prefix(tk, with_gram=use_gram)
-        chunk = {}
+        chunk, width = {}, min(nmax, tk)
         for variant in computed:
+            if variant in chunk:
+                continue
             a, u = alphas[variant][:, sl, :tk], universes[variant][:, sl, :tk]
+            # with both universes alike but for the sink, and every row longer than the
+            # first keys, the full order's first width + 1 keys give both (``_without_sink``)
+            extend = int(variant == first and derived is not None
+                         and alphas[derived] is alphas[first]
+                         and int(u.sum(-1).amin()) > width)
             # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
             top = torch.cat([select_order(
-                a, head_norms[:, :tk], u, rule, nmax, repeats=ks[rule],
+                a, head_norms[:, :tk], u, rule, nmax + extend, repeats=ks[rule],
                 query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
                 head_index=head_index,
             ) for rule in rules])
+            if extend:
+                chunk[derived] = (alphas[derived][:, sl, :tk], _without_sink(top, width),
+                                  universes[derived][:, sl, :tk])
+                top = top[..., :width]
             chunk[variant] = (a, top, u)
-            tops[variant].append(_pad_top(top, nmax, tk))
+        for variant in computed:
+            tops[variant].append(_pad_top(chunk[variant][1], nmax, tk))
         sink_rows = None
         if derived is not None:
             top, u = chunk[first][1], chunk[first][2]
@@ -488,6 +501,19 @@ def topn_metrics_variants(
     return {variant: results[variant] for variant in variants}
 
 
+def _without_sink(top: Tensor, width: int) -> Tensor:
+    """An order's first ``width`` keys with key 0 taken out, from its first width + 1
+    (all in the universe): taking the sink out moves no other key, so these are the
+    sink-excluded universe's first keys.
+
+    >>> _without_sink(torch.tensor([[4, 0, 2], [4, 1, 2]]), 2)
+    tensor([[4, 2],
+            [4, 1]])
+    """
+    keep = torch.argsort((top == 0).to(torch.uint8), dim=-1, stable=True)[..., :width]
+    return top.gather(-1, keep)
+
+
 def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
     """``top`` of a key prefix, padded to ``nmax`` entries as the whole window pads it:
     with the keys past the prefix (in no universe) in position order."""
@@ -498,7 +524,7 @@ def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
     return torch.cat([top, pad.expand(*top.shape[:-1], missing)], dim=-1)
 
 
-_REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows
+_REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows, >= 2
 _GATHER_COST = 24  # one gathered element costs about 24 multiply-adds of a matrix product
 
 
@@ -547,45 +573,72 @@ def _metrics_rows(
     """Metrics of one chunk of rows, (K, H, Q, NN) each; heads are folded into their kv
     group. With ``sink_rows`` (the sink-excluded universe's alpha, order and universe,
     and which (K, H, Q) rows hold the sink among their first keys) the second result is
-    that universe's: read off this pass's counts, and computed anew for those rows."""
+    that universe's: read off this pass's counts, and computed anew for those rows.
+
+    The folded rows go through in pieces whose float64 temporaries (``<v_u, s_N>``, the
+    closeness scores and the unselected copy, each (G, rows, NN, T)) fit the kernels'
+    byte budget, so that one ``final`` query's 16 random repeats need not hold them all
+    at once."""
     k, h, q, _ = top.shape
     fd = _Folding(k, h, q, group)
-    own, read_off = _metrics_folded(
-        fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top), stats, grid, nmax,
-        distance, use_gram, drop_first=sink_rows is not None)
-    if sink_rows is None:
-        return {name: fd.unfold(x) for name, x in own.items()}, None
-    alpha_d, top_d, universe_d, redo = sink_rows
-    redo = fd.fold(redo)  # (G, M)
-    if bool(redo.any()):
-        # each kv head's rows to redo first (stable: in row order), in packs of a width
-        # set by M alone, never by the data: a row's products then come from a call of
-        # the same shape whatever else the batch holds (pack slots past a head's count
-        # hold rows that are not redone; their results are dropped)
-        g, m = redo.shape
-        count = redo.sum(-1, keepdim=True)
-        width = -(-m // _REDO_PACKS)
-        packs = -(-int(count.max()) // width)
-        order = torch.argsort((~redo).to(torch.uint8), dim=-1, stable=True)
-        if packs * width > m:
-            order = torch.cat([order, order[:, : packs * width - m]], dim=1)
-        inputs = (fd.fold_rows(alpha_d), fd.fold_rows(universe_d), fd.fold(top_d))
-        heads = torch.arange(g, device=redo.device)[:, None]
-        for p in range(packs):
-            rows = order[:, p * width : (p + 1) * width]
-            keep = torch.arange(p * width, (p + 1) * width, device=rows.device) < count
+    t = alpha.shape[-1]
+    piece = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 24 * fd.g * len(grid) * t))
+    piece = -(-fd.m // -(-fd.m // piece))  # pieces of even size: no row left alone
+    rows = (fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top))
+    if sink_rows is not None:
+        rows_d = (fd.fold_rows(sink_rows[0]), fd.fold_rows(sink_rows[2]), fd.fold(sink_rows[1]))
+        redo = fd.fold(sink_rows[3])  # (G, M)
+    owns, read_offs = [], []
+    for s in range(0, fd.m, piece):
+        sl = slice(s, s + piece)
+        own, read_off = _metrics_folded(*(x[:, sl] for x in rows), stats, grid, nmax,
+                                        distance, use_gram, drop_first=sink_rows is not None)
+        owns.append(own)
+        if sink_rows is not None:
+            _redo_sink_rows(read_off, redo[:, sl], tuple(x[:, sl] for x in rows_d), stats,
+                            grid, nmax, distance, use_gram)
+            read_offs.append(read_off)
 
-            def pick(x: Tensor, rows: Tensor = rows) -> Tensor:
-                index = rows.reshape(*rows.shape, *(1,) * (x.dim() - 2))
-                return x.gather(1, index.expand(*rows.shape, *x.shape[2:]))
+    def joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        return {name: fd.unfold(torch.cat([p[name] for p in parts], dim=1))
+                for name in parts[0]}
 
-            again, _ = _metrics_folded(*(pick(x) for x in inputs), stats, grid, nmax,
-                                       distance, use_gram, drop_first=False)
-            at = (heads.expand_as(rows)[keep], rows[keep])
-            for name, x in again.items():
-                read_off[name][at] = x[keep]
-    return ({name: fd.unfold(x) for name, x in own.items()},
-            {name: fd.unfold(x) for name, x in read_off.items()})
+    return joined(owns), joined(read_offs) if read_offs else None
+
+
+def _redo_sink_rows(read_off: dict[str, Tensor], redo: Tensor, rows: tuple[Tensor, ...],
+                    stats: ValueStats, grid: tuple[int, ...], nmax: int, distance: str,
+                    use_gram: bool) -> None:
+    """Overwrite, in ``read_off`` (G, M, NN), the sink-excluded metrics of the rows marked
+    in ``redo`` (G, M) with a pass of their own over ``rows`` (their folded alpha,
+    universe and order)."""
+    if not bool(redo.any()):
+        return
+    # each kv head's rows to redo first (stable: in row order), in packs of a width set
+    # by M alone, never by the data: a row's products then come from a call of the same
+    # shape whatever else the batch holds (pack slots past a head's count hold rows that
+    # are not redone; their results are dropped)
+    g, m = redo.shape
+    count = redo.sum(-1, keepdim=True)
+    width = min(m, max(2, -(-m // _REDO_PACKS)))  # not 1: a size-1 dim is a new graph
+    packs = -(-int(count.max()) // width)
+    order = torch.argsort((~redo).to(torch.uint8), dim=-1, stable=True)
+    if packs * width > m:
+        order = torch.cat([order, order[:, : packs * width - m]], dim=1)
+    heads = torch.arange(g, device=redo.device)[:, None]
+    for p in range(packs):
+        pack = order[:, p * width : (p + 1) * width]
+        keep = torch.arange(p * width, (p + 1) * width, device=pack.device) < count
+
+        def pick(x: Tensor, pack: Tensor = pack) -> Tensor:
+            index = pack.reshape(*pack.shape, *(1,) * (x.dim() - 2))
+            return x.gather(1, index.expand(*pack.shape, *x.shape[2:]))
+
+        again, _ = _metrics_folded(*(pick(x) for x in rows), stats, grid, nmax, distance,
+                                   use_gram, drop_first=False)
+        at = (heads.expand_as(pack)[keep], pack[keep])
+        for name, x in again.items():
+            read_off[name][at] = x[keep]
 
 
 def _metrics_folded(
@@ -631,15 +684,16 @@ def _metrics_folded(
     sink_slot = torch.where((top_m == 0) & in_u, torch.arange(nmax, device=device),
                             nmax).amin(-1, keepdim=True)
     rows_u, rows_top = univ_m.reshape(g * m, t), top_m.reshape(g * m, nmax)
+    # the counts with key 0 dropped are always asked for (they cost O(N) per row), used
+    # or not: one compiled graph per shape family, not two (dynamo's limit is 8)
     if distance == "euclidean":
         counts = counting_euclidean()(inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid,
-                                      drop_first)
+                                      True)
     else:
         a = alpha_m[:, :, None, :]
         norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid,
-                            drop_first)
+        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid, True)
     counts = [x.reshape(g, m, len(grid)) for x in counts]
     own = _scores(*counts[:5], s2, grid_t, distance)
     own["sink_selected"] = (sink_slot < grid_t) & univ_m[..., 0, None]

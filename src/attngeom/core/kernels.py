@@ -30,8 +30,12 @@ import torch
 from torch import Tensor
 
 _STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
-          "broken": False, "seconds": 0.0, "temp_bytes": None}
+          "broken": False, "seconds": 0.0, "temp_bytes": None, "windows": 1}
 _CACHE: dict[tuple[Callable, bool], Callable] = {}  # (fn, cpu_only) -> wrapper
+# graphs one kernel may compile (dynamo's default is 8): the counting specialises on how
+# the row width compares with each N of the grid, so a run whose chunks see several
+# key prefixes (``all`` queries) needs one graph per stretch of the grid
+_RECOMPILE_LIMIT = 32
 
 
 def set_compile(enabled: bool) -> None:
@@ -64,10 +68,24 @@ def temporaries(nbytes: int | None) -> Iterator[None]:
         _STATE["temp_bytes"] = saved
 
 
+@contextlib.contextmanager
+def stacked_windows(count: int) -> Iterator[None]:
+    """Inside the block one kernel call holds ``count`` windows stacked along the heads,
+    and the byte budget (``temporaries``, or a kernel's default) is per window: it is
+    multiplied by ``count``, so that rows are cut into the same pieces whatever the
+    batch size (a piece's shape can decide how a matrix product rounds)."""
+    saved = _STATE["windows"]
+    _STATE["windows"] = saved * max(1, int(count))
+    try:
+        yield
+    finally:
+        _STATE["windows"] = saved
+
+
 def temp_bytes(default: int) -> int:
-    """The byte budget of one chunk of kernel temporaries (``temporaries``), else
-    ``default``."""
-    return _STATE["temp_bytes"] or default
+    """The byte budget of one chunk of kernel temporaries (``temporaries``, else
+    ``default``), per window, times the windows stacked (``stacked_windows``)."""
+    return (_STATE["temp_bytes"] or default) * _STATE["windows"]
 
 
 def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:
@@ -130,7 +148,11 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
         first = key not in seen
         t0 = time.perf_counter()
         try:
-            out = fast(*args, **kwargs)
+            # a view and a fresh tensor are guarded apart (one graph each): pass fresh
+            args = tuple(a.clone() if isinstance(a, Tensor) and a._base is not None else a
+                         for a in args)
+            with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+                out = fast(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - no compiler, unsupported op: run plain
             _STATE["broken"] = True
             warnings.warn(f"attngeom: torch.compile unavailable ({type(exc).__name__}: "

@@ -39,6 +39,19 @@ def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
     return max(1, half_budget(config) // (num_heads * num_tokens * _BYTES_PER_ENTRY))
 
 
+def kernel_budget(config, layout, num_tokens: int) -> int:
+    """The kernels' byte budget per window (``kernels.temporaries``): half of
+    ``--memory-budget``; with ``final`` queries at most one float64 tensor the size of
+    the window's attention outputs (T x heads x head_dim x 8 bytes). One analysed row
+    per window has 16 random repeats of every head, whose float64 scores would
+    otherwise sit at once on top of the forward's own peak; cut into pieces of this
+    size they add about a fifth of it (docs/scale.md)."""
+    half = half_budget(config)
+    if getattr(config, "query_mode", "final") != "final":
+        return half
+    return max(1, min(half, num_tokens * layout.num_heads * layout.head_dim * 8))
+
+
 def half_budget(config) -> int:
     """Half of ``--memory-budget`` in bytes, per window of a batch: the captured chunk's
     share, and the kernels' (``kernels.temporaries``)."""
@@ -133,7 +146,8 @@ def stream_windows(
     chunk = chunk_rows(config, layout.num_heads, num_tokens)
     use_compile = resolve_compile(getattr(config, "compile", "off"), device=str(device),
                                   query_mode=getattr(config, "query_mode", "final"))
-    with torch.inference_mode(), compiling(use_compile), temporaries(half_budget(config)):
+    with torch.inference_mode(), compiling(use_compile), \
+            temporaries(kernel_budget(config, layout, num_tokens)):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
             own_rows[:] = window_rows(config, current, layout.is_causal)
