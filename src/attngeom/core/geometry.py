@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
-from attngeom.core.kernels import counting, counting_euclidean, temp_bytes
+from attngeom.core.kernels import compile_enabled, counting, counting_euclidean, temp_bytes
 from attngeom.core.random_control import permutation_keys
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES, VARIANTS
@@ -684,16 +684,17 @@ def _metrics_folded(
     sink_slot = torch.where((top_m == 0) & in_u, torch.arange(nmax, device=device),
                             nmax).amin(-1, keepdim=True)
     rows_u, rows_top = univ_m.reshape(g * m, t), top_m.reshape(g * m, nmax)
-    # the counts with key 0 dropped are always asked for (they cost O(N) per row), used
-    # or not: one compiled graph per shape family, not two (dynamo's limit is 8)
+    # compiled, the counts with key 0 dropped are always asked for (O(N) more per row),
+    # used or not: one graph per shape family, not two (dynamo limits the graphs)
+    drop = drop_first or compile_enabled()
     if distance == "euclidean":
         counts = counting_euclidean()(inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid,
-                                      True)
+                                      drop)
     else:
         a = alpha_m[:, :, None, :]
         norms = stats.norms[:, None, None, :]
         close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid, True)
+        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid, drop)
     counts = [x.reshape(g, m, len(grid)) for x in counts]
     own = _scores(*counts[:5], s2, grid_t, distance)
     own["sink_selected"] = (sink_slot < grid_t) & univ_m[..., 0, None]

@@ -302,17 +302,20 @@ def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequen
     unsel.scatter_(-1, index, torch.where(sel | ~in_u, -inf, csel))
     thresholds = torch.where(sel, csel, inf)
     cmin = thresholds.amin(-1)
-    cmax = unsel.amax(-1)
+    if drop_first:  # the maximum past key 0 first, then with it: one pass either way
+        key0 = unsel[..., 0]  # key 0's score where it is unselected and in U, else -inf
+        rest = unsel[..., 1:]
+        cmax0 = rest.amax(-1) if rest.shape[-1] else torch.full_like(cmin, -float("inf"))
+        cmax = torch.maximum(cmax0, key0)
+    else:
+        cmax = unsel.amax(-1)
     intruders = (unsel >= cmin[..., None]).sum(-1)
     clears = (sel & (csel > cmax[..., None])).sum(-1)
     dropped = None
     if drop_first:
-        first = unsel[..., 0]  # key 0's score where it is unselected and in U, else -inf
-        rest = unsel[..., 1:]
-        cmax0 = rest.amax(-1) if rest.shape[-1] else torch.full_like(cmax, -float("inf"))
-        dropped = (cmax0, intruders - (first >= cmin).to(intruders.dtype),
+        dropped = (cmax0, intruders - (key0 >= cmin).to(intruders.dtype),
                    (sel & (csel > cmax0[..., None])).sum(-1),
-                   (first[..., None] >= thresholds).sum(-1))
+                   (key0[..., None] >= thresholds).sum(-1))
     return (cmin, cmax, intruders, clears), unsel, thresholds, dropped
 
 

@@ -25,6 +25,7 @@ from attngeom.errors import ConfigError
 # split: half for these whole-chunk tensors, half for the kernels' own row-chunked
 # temporaries (``kernels.temporaries``: gathers, closeness scores, random sort keys).
 _BYTES_PER_ENTRY = 48
+_PIECE_FLOOR = 8 * 2**20  # the least kernel budget ``final`` queries get (kernel_budget)
 
 
 def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
@@ -42,14 +43,17 @@ def chunk_rows(config, num_heads: int, num_tokens: int) -> int:
 def kernel_budget(config, layout, num_tokens: int) -> int:
     """The kernels' byte budget per window (``kernels.temporaries``): half of
     ``--memory-budget``; with ``final`` queries at most one float64 tensor the size of
-    the window's attention outputs (T x heads x head_dim x 8 bytes). One analysed row
-    per window has 16 random repeats of every head, whose float64 scores would
-    otherwise sit at once on top of the forward's own peak; cut into pieces of this
-    size they add about a fifth of it (docs/scale.md)."""
+    the window's attention outputs (T x heads x head_dim x 8 bytes), and not below 8 MB.
+    One analysed row per window has 16 random repeats of every head, whose float64
+    scores would otherwise sit at once on top of the forward's own peak; cut into
+    pieces of this size they add about a fifth of it (docs/scale.md)."""
     half = half_budget(config)
     if getattr(config, "query_mode", "final") != "final":
         return half
-    return max(1, min(half, num_tokens * layout.num_heads * layout.head_dim * 8))
+    outputs = num_tokens * layout.num_heads * layout.head_dim * 8
+    # not below 8 MB: smaller pieces only add calls (a small model's forward is cheap
+    # next to them: stories260K ran 2.5x slower with pieces of one row)
+    return max(1, min(half, max(outputs, _PIECE_FLOOR)))
 
 
 def half_budget(config) -> int:
