@@ -441,27 +441,26 @@ def topn_metrics_variants(
         sl = slice(s, s + chunk_rows)
         tk = max(1, int(last[sl].amax()) + 1)
         sub = stats.key_prefix(tk, with_gram=use_gram)
-        chunk, width = {}, min(nmax, tk)
-        for variant in computed:
-            if variant in chunk:
-                continue
-            a, u = alphas[variant][:, sl, :tk], universes[variant][:, sl, :tk]
-            # with both universes alike but for the sink, and every row longer than the
-            # first keys, the full order's first width + 1 keys give both (``_without_sink``)
-            extend = int(variant == first and derived is not None
-                         and alphas[derived] is alphas[first]
-                         and int(u.sum(-1).amin()) > width)
+        width = min(nmax, tk)
+        chunk = {v: (alphas[v][:, sl, :tk], None, universes[v][:, sl, :tk]) for v in computed}
+
+        def orders(a: Tensor, u: Tensor, n: int, sl: slice = sl, tk: int = tk) -> Tensor:
             # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
-            top = torch.cat([select_order(
-                a, head_norms[:, :tk], u, rule, nmax + extend, repeats=ks[rule],
+            return torch.cat([select_order(
+                a, head_norms[:, :tk], u, rule, n, repeats=ks[rule],
                 query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
-                head_index=head_index,
-            ) for rule in rules])
-            if extend:
-                chunk[derived] = (alphas[derived][:, sl, :tk], _without_sink(top, width),
-                                  universes[derived][:, sl, :tk])
-                top = top[..., :width]
-            chunk[variant] = (a, top, u)
+                head_index=head_index) for rule in rules])
+
+        # with both universes alike but for the sink, and every row longer than the first
+        # keys, the full order's first width + 1 keys give both (``_without_sink``)
+        extend = (derived is not None and alphas[derived] is alphas[first]
+                  and int(chunk[first][2].sum(-1).amin()) > width)
+        top = orders(chunk[first][0], chunk[first][2], nmax + 1 if extend else nmax)
+        if derived is not None:
+            top_d = (_without_sink(top, width) if extend
+                     else orders(chunk[derived][0], chunk[derived][2], nmax))
+            chunk[derived] = (chunk[derived][0], top_d, chunk[derived][2])
+        chunk[first] = (chunk[first][0], top[..., :width], chunk[first][2])
         for variant in computed:
             tops[variant].append(_pad_top(chunk[variant][1], nmax, tk))
         sink_rows = None
@@ -586,8 +585,12 @@ def _metrics_rows(
     piece = -(-fd.m // -(-fd.m // piece))  # pieces of even size: no row left alone
     rows = (fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top))
     if sink_rows is not None:
-        rows_d = (fd.fold_rows(sink_rows[0]), fd.fold_rows(sink_rows[2]), fd.fold(sink_rows[1]))
         redo = fd.fold(sink_rows[3])  # (G, M)
+        # the redone rows' inputs, folded only if any row is redone (and alpha, the same
+        # tensor in both universes unless a non-finite sink differs, folded once)
+        rows_d = None if not bool(redo.any()) else (
+            rows[0] if sink_rows[0] is alpha else fd.fold_rows(sink_rows[0]),
+            fd.fold_rows(sink_rows[2]), fd.fold(sink_rows[1]))
     owns, read_offs = [], []
     for s in range(0, fd.m, piece):
         sl = slice(s, s + piece)
@@ -595,8 +598,9 @@ def _metrics_rows(
                                         distance, use_gram, drop_first=sink_rows is not None)
         owns.append(own)
         if sink_rows is not None:
-            _redo_sink_rows(read_off, redo[:, sl], tuple(x[:, sl] for x in rows_d), stats,
-                            grid, nmax, distance, use_gram)
+            if rows_d is not None:
+                _redo_sink_rows(read_off, redo[:, sl], tuple(x[:, sl] for x in rows_d),
+                                stats, grid, nmax, distance, use_gram)
             read_offs.append(read_off)
 
     def joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
