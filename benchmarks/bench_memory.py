@@ -80,7 +80,7 @@ MODES: dict[str, tuple[str, dict] | None] = {
     "all_budget": ("all_attention_random2", {"memory_budget": 0.05}),
     "final_budget": ("final", {"memory_budget": 0.05}),
 }
-DEFAULT_MODES = ("plain", "eager", "final", "all", "all_budget")
+DEFAULT_MODES = ("plain", "eager", "final", "final_budget", "all", "all_budget")
 MARK = "BENCH_MEMORY_POINT "
 MMAP_THRESHOLD = "131072"  # bytes; fixed, so freed tensors leave RSS (docstring)
 
