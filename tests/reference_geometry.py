@@ -16,10 +16,11 @@ Arithmetic:
 - Cosine distance: float64 throughout, ``1 - <y_u, s> / (|y_u| |s| + 1e-12)``.
 - Contribution rule scores: ``alpha_j * sqrt(sum_c v_jc^2)`` in float64, ties to the
   smaller position, as the fast path defines them.
-- Random rule: the sort keys come from ``attngeom.core.random_control.permutation_keys``
-  called for one (head, t) at a time; the order is the universe sorted ascending by
-  (key, position). The keys are the control's definition, so the reference uses them;
-  the sorting is done here.
+- Random rule: the draws r_i come from ``attngeom.core.random_control.uniform_draws``
+  (the control's random numbers) for one (head, t) at a time; the shuffle is done
+  here, in full and by the textbook: the list of the universe's keys with position 0
+  put back, swapping entries i and i + r_i for i = 0, 1, ..., then position 0 taken
+  out again where the universe lacks it.
 
 Shapes follow the fast path: metrics ``(K, H, Q, NN)`` float64 with NaN where
 undefined, ``valid`` bool of the same shape, ``trivial`` ``(NN,)``, ``nonfinite``
@@ -36,7 +37,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from attngeom.core.random_control import permutation_keys
+from attngeom.core.random_control import row_states, uniform_draws
 
 RULES = ("attention", "contribution", "random")
 DISTANCES = ("euclidean", "cosine")
@@ -92,12 +93,31 @@ def universe_of_row(visible_row: Sequence[bool], exclude_sink: bool) -> list[int
     return universe
 
 
+def shuffled(universe: list[int], draws: np.ndarray) -> list[int]:
+    """The random order: Fisher-Yates over the universe with position 0 put back."""
+    keys = sorted(set(universe) | {0})
+    for i in range(len(keys)):
+        j = i + int(draws[i])
+        assert i <= j < len(keys), (i, j, len(keys))
+        keys[i], keys[j] = keys[j], keys[i]
+    return [j for j in keys if j in set(universe)]
+
+
+def random_draws(seed, window, layer, head: int, t: int, repeats: int,
+                 universe: list[int]) -> np.ndarray:
+    """(repeats, |U with 0|) the control's draws for one row, every step of the shuffle."""
+    size = len(set(universe) | {0})
+    states = row_states(seed, window, layer, torch.tensor([head]), torch.tensor([t]), repeats)
+    sizes = torch.full((repeats, 1, 1), size, dtype=torch.int64)
+    return uniform_draws(states, sizes, size)[:, 0, 0].numpy()
+
+
 def order_universe(
     rule: str,
     universe: list[int],
     alpha_row: np.ndarray,
     values_kv: np.ndarray,
-    keys_row: np.ndarray | None,
+    draws_row: np.ndarray | None,
 ) -> list[int]:
     """The universe in the order of the selection rule; ties go to the smaller position."""
     if rule == "attention":
@@ -111,7 +131,7 @@ def order_universe(
             scores[j] = float(alpha_row[j]) * math.sqrt(squares)
         return sorted(universe, key=lambda j: (-scores[j], j))
     if rule == "random":
-        return sorted(universe, key=lambda j: (int(keys_row[j]), j))
+        return shuffled(universe, draws_row)
     raise ValueError(f"expected rule in {RULES}, got {rule!r}")
 
 
@@ -258,18 +278,11 @@ def reference_topn(
                 continue
             keys = None
             if rule == "random":
-                keys = permutation_keys(
-                    seed,
-                    window,
-                    layer,
-                    torch.tensor([h]),
-                    torch.tensor([positions[q]]),
-                    num_repeats,
-                    num_keys,
-                ).numpy()
+                keys = random_draws(seed, window, layer, h, int(positions[q]), num_repeats,
+                                    universe)
             for k in range(num_repeats):
-                keys_row = None if keys is None else keys[k, 0, 0]
-                order = order_universe(rule, universe, alpha_row, values[kv], keys_row)
+                draws_row = None if keys is None else keys[k]
+                order = order_universe(rule, universe, alpha_row, values[kv], draws_row)
                 for c, n in enumerate(grid):
                     if not 1 <= n < len(universe):
                         continue

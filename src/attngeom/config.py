@@ -32,6 +32,7 @@ from attngeom.names import (
     ANALYSIS_NEEDS,
     DISTANCES,
     DTYPES,
+    RANDOM_CONTROL,
     RANKER_REGIMES,
     RANKERS,
     REGIME_RULES,
@@ -165,6 +166,8 @@ class RunConfig:
         for name in ("chunk_size", "memory_budget"):
             if hasattr(self, name):
                 d[name] = getattr(self, name)
+        if hasattr(self, "repeats"):  # shards drawn by another random control differ
+            d["random_control"] = RANDOM_CONTROL
         return d
 
 

@@ -14,6 +14,9 @@ VARIANTS = ("full", "no_sink")
 METRICS = ("precision", "recall", "f_score", "margin", "inversions")
 SEPARABILITY = METRICS[:3]  # precision, recall, F: what the figures and findings show
 SINK = 0  # the sink is position 0
+# how the random control draws its orders (core/random_control.py); bumped when the
+# draws change, so a run is never resumed over shards of another scheme
+RANDOM_CONTROL = "fisher-yates-lowbias32"
 
 # --- head taxonomy (method: "Head taxonomy")
 REGIMES = ("Retriever", "Mixer", "Reset")

@@ -1,9 +1,10 @@
 """The random-selection control (SPEC 2): reproducible, seeded by every coordinate, nested, uniform.
 
-``permutation_keys`` gives every key position a pseudo-random sort key that is a
-pure function of (seed, window, layer, head, t, k, j); a row's random order is its
-universe sorted by these keys. The checks here are deterministic (fixed seeds), so
-the statistical ones cannot flake: they either pass for this hash or they do not.
+Every draw is a pure function of (seed, window, layer, head, t, k, step); a row's
+random order is a Fisher-Yates shuffle of its universe (with position 0 put back, and
+taken out again where the universe lacks it), stopped after the first keys. The checks
+here are deterministic (fixed seeds), so the statistical ones cannot flake: they either
+pass for this hash or they do not.
 """
 
 from __future__ import annotations
@@ -13,73 +14,173 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from attngeom.core.random_control import permutation_keys
+from attngeom.core.geometry import select_order
+from attngeom.core.random_control import (
+    random_members,
+    row_states,
+    shuffle_prefix,
+    uniform_draws,
+)
 
 try:
-    from tests.reference_geometry import (
-        METRIC_FIELDS,
-        reference_topn,
-        row_metrics,
-        universe_of_row,
-    )
+    from tests import reference_geometry as ref
 except ImportError:  # tests/ itself is on sys.path when it is not a package
-    from reference_geometry import METRIC_FIELDS, reference_topn, row_metrics, universe_of_row
+    import reference_geometry as ref
+
+METRIC_FIELDS, reference_topn, row_metrics = ref.METRIC_FIELDS, ref.reference_topn, ref.row_metrics
+random_draws, shuffled, universe_of_row = ref.random_draws, ref.shuffled, ref.universe_of_row
 
 
-def keys(seed=0, window=0, layer=0, heads=(0, 1, 2), positions=(3, 7), repeats=3, num_keys=8):
-    return permutation_keys(
-        seed, window, layer, torch.tensor(heads), torch.tensor(positions), repeats, num_keys
-    )
+def members(seed=0, window=0, layer=0, heads=(0, 1, 2), positions=(3, 7), repeats=3, size=8,
+            width=None):
+    sizes = torch.full((len(heads), len(positions)), size, dtype=torch.int64)
+    return random_members(seed, window, layer, torch.tensor(heads), torch.tensor(positions),
+                          repeats, sizes, size if width is None else width)
 
 
-def test_keys_shape_dtype_and_reproducible():
-    a, b = keys(), keys()
+def test_members_shape_dtype_reproducible_and_permutations():
+    a, b = members(), members()
     assert a.shape == (3, 3, 2, 8)
     assert a.dtype == torch.int64
     assert torch.equal(a, b)
-    assert (a >= 0).all()
-    # distinct within every row: the sort has no ties to break
-    assert all(len(set(row.tolist())) == 8 for row in a.reshape(-1, 8))
+    # a full-width shuffle is a permutation of the members
+    assert all(sorted(row.tolist()) == list(range(8)) for row in a.reshape(-1, 8))
+    # past the universe size: -1
+    short = members(width=11)
+    assert (short[..., 8:] == -1).all()
+    assert torch.equal(short[..., :8], a)
 
 
 @pytest.mark.parametrize(
     "change",
     [{"seed": 1}, {"seed": 2**31 + 5}, {"window": 1}, {"layer": 1}, {"window": 7, "layer": 3}],
 )
-def test_keys_change_with_seed_window_layer(change):
-    base, other = keys(), keys(**change)
-    assert (base != other).all(), f"{change}: some keys unchanged"
+def test_orders_change_with_seed_window_layer(change):
+    base, other = members(size=40), members(size=40, **change)
+    assert (base != other).any(-1).all(), f"{change}: some orders unchanged"
 
 
-def test_keys_change_with_head_position_and_repeat():
-    k = keys(heads=(0, 1), positions=(5, 6), repeats=2)
-    assert (k[:, 0] != k[:, 1]).all()  # head
-    assert (k[:, :, 0] != k[:, :, 1]).all()  # query position t
-    assert (k[0] != k[1]).all()  # repeat
+def test_orders_change_with_head_position_and_repeat():
+    m = members(heads=(0, 1), positions=(5, 6), repeats=2, size=40)
+    assert (m[:, 0] != m[:, 1]).any(-1).all()  # head
+    assert (m[:, :, 0] != m[:, :, 1]).any(-1).all()  # query position t
+    assert (m[0] != m[1]).any(-1).all()  # repeat
     # the head index is the query head, not its position in the batch
-    assert (keys(heads=(1,)) != keys(heads=(0,))).all()
+    assert (members(heads=(1,), size=40) != members(heads=(0,), size=40)).any(-1).all()
 
 
-def test_keys_do_not_depend_on_the_batch():
-    """Keys of one (head, t) are the same whatever else is computed with them (shards merge)."""
-    full = keys(heads=(0, 1, 2, 3), positions=(2, 5, 7))
+def test_orders_do_not_depend_on_the_batch():
+    """The order of one (head, t) is the same whatever else is computed with it (shards
+    merge), and a row's first keys do not depend on how many are asked for."""
+    full = members(heads=(0, 1, 2, 3), positions=(2, 5, 7))
     for hi, h in enumerate((0, 1, 2, 3)):
         for qi, t in enumerate((2, 5, 7)):
-            single = keys(heads=(h,), positions=(t,))
+            single = members(heads=(h,), positions=(t,))
             assert torch.equal(full[:, hi, qi], single[:, 0, 0])
-    swapped = keys(heads=(3, 0), positions=(7, 2))
+            assert torch.equal(members(heads=(h,), positions=(t,), width=3)[..., 0, 0, :],
+                               single[:, 0, 0, :3])
+    swapped = members(heads=(3, 0), positions=(7, 2))
     assert torch.equal(swapped[:, 0, 0], full[:, 3, 2])
 
 
-def first_positions(universe, seeds, heads=4, positions=(7,), repeats=8, num_keys=8):
-    """First key of the random order of ``universe`` for many seeds, heads, t and k."""
-    firsts = []
-    index = torch.tensor(universe)
-    for seed in seeds:
-        k = keys(seed=seed, heads=tuple(range(heads)), positions=positions, repeats=repeats,
-                 num_keys=num_keys)[..., index]
-        firsts.append(index[torch.argmin(k, dim=-1)].reshape(-1))
+def test_draws_are_the_exact_multiply_shift():
+    """r_i = floor(X (n - i) / 2^64) for the 64-bit word X = hi 2^32 + lo, in big ints."""
+    from attngeom.core.kernels import hash32, hashed_positions
+
+    states = row_states(5, 2, 1, torch.tensor([0, 3]), torch.tensor([9, 4000]), 2)
+    sizes = torch.tensor([[[1, 2**31 - 1]], [[7, 4096]]]).expand(2, 2, 2)
+    width = 6
+    draws = uniform_draws(states, sizes, width)
+    steps = hashed_positions(torch.arange(width))
+    hi, lo = hash32(states[0] ^ steps), hash32(states[1] ^ steps)
+    for idx in itertools.product(range(2), range(2), range(2), range(width)):
+        m = max(0, int(sizes[idx[:3]]) - idx[3])
+        word = (int(hi[idx]) << 32) | int(lo[idx])
+        assert int(draws[idx]) == (word * m) >> 64, idx
+        assert m == 0 or 0 <= int(draws[idx]) < m
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 4), width=st.integers(1, 12))
+def test_partial_shuffle_is_the_textbook_one(data, rows, width):
+    """The sparse (index, value) shuffle equals swapping entries of the whole array, also
+    when several steps pick the same entry (small n makes that common)."""
+    sizes = data.draw(st.lists(st.integers(0, 14), min_size=rows, max_size=rows))
+    draws = torch.zeros(rows, width, dtype=torch.int64)
+    for r, n in enumerate(sizes):
+        for i in range(min(width, n)):
+            draws[r, i] = data.draw(st.integers(0, n - i - 1))
+    got = shuffle_prefix(draws, torch.tensor(sizes))
+    for r, n in enumerate(sizes):
+        array = list(range(n))
+        for i in range(min(width, n)):
+            j = i + int(draws[r, i])
+            array[i], array[j] = array[j], array[i]
+        want = array[:width] + [-1] * max(0, width - n)
+        assert got[r].tolist() == want, (n, draws[r].tolist())
+
+
+def causal_row(t: int, num_keys: int) -> torch.Tensor:
+    return (torch.arange(num_keys) <= t)[None, None, :]
+
+
+def test_sink_excluded_order_is_the_full_one_without_the_sink():
+    """Both universes draw the same shuffle: taking key 0 out moves no other key."""
+    alpha = torch.full((3, 1, 12), 1 / 12, dtype=torch.float64)
+    norms = torch.ones(3, 12, dtype=torch.float64)
+    full = causal_row(11, 12).expand(3, 1, 12)
+    nosink = full.clone()
+    nosink[..., 0] = False
+    kw = dict(repeats=20, query_positions=torch.tensor([11]), seed=4, window=1, layer=2)
+    a = select_order(alpha, norms, full, "random", 12, **kw)
+    b = select_order(alpha, norms, nosink, "random", 11, **kw)
+    held = 0
+    for row_a, row_b in zip(a.reshape(-1, 12).tolist(), b.reshape(-1, 11).tolist(),
+                            strict=True):
+        assert [j for j in row_a if j != 0] == row_b
+        held += row_a.index(0) < 11
+    assert held > 0  # the sink was in the way in some rows
+
+
+def test_orders_follow_the_reference_shuffle_on_holed_universes():
+    """select_order against the textbook shuffle of the reference, on universes with holes
+    (encoder padding, sliding windows), with and without key 0, and short rows padded
+    with the keys outside the universe, ascending."""
+    gen = torch.Generator().manual_seed(3)
+    t = 10
+    visible = torch.rand(4, 5, t, generator=gen) < 0.6
+    visible[0, 0] = False  # an empty universe
+    visible[1, 1, 0] = False
+    alpha = torch.full((4, 5, t), 0.1, dtype=torch.float64)
+    norms = torch.ones(4, t, dtype=torch.float64)
+    positions = torch.tensor([9, 3, 7, 8, 5])
+    for exclude in (False, True):
+        uni = visible.clone()
+        if exclude:
+            uni[..., 0] = False
+        got = select_order(alpha, norms, uni, "random", 6, repeats=3,
+                           query_positions=positions, seed=7, window=2, layer=5)
+        for h, q in itertools.product(range(4), range(5)):
+            universe = [j for j in range(t) if bool(uni[h, q, j])]
+            draws = random_draws(7, 2, 5, h, int(positions[q]), 3, universe)
+            outside = [j for j in range(t) if j not in universe]
+            for k in range(3):
+                want = (shuffled(universe, draws[k]) + outside)[:6]
+                assert got[k, h, q].tolist() == want, (exclude, h, q, k)
+
+
+def first_keys(universe, seeds, heads=4, t=7, repeats=8, num_keys=8):
+    """First key of the random order of ``universe`` for many seeds, heads and repeats."""
+    uni = torch.zeros(heads, 1, num_keys, dtype=torch.bool)
+    uni[..., universe] = True
+    alpha = torch.zeros(heads, 1, num_keys, dtype=torch.float64)
+    norms = torch.ones(heads, num_keys, dtype=torch.float64)
+    firsts = [select_order(alpha, norms, uni, "random", 1, repeats=repeats,
+                           query_positions=torch.tensor([t]), seed=seed)[..., 0].reshape(-1)
+              for seed in seeds]
     return torch.cat(firsts).numpy()
 
 
@@ -90,13 +191,13 @@ def chi_square(counts: np.ndarray) -> float:
 
 @pytest.mark.parametrize("universe", [list(range(8)), [1, 2, 3, 4, 5, 6, 7], [0, 2, 5]])
 def test_first_position_roughly_uniform(universe):
-    """Chi-square of the first position over 200 seeds x 4 heads x 8 repeats (6400 draws).
+    """Chi-square of the first key over 200 seeds x 4 heads x 8 repeats (6400 draws).
 
     Limits are the 99.99% quantiles of chi-square (29.9 for 7 degrees of freedom,
     27.9 for 6, 18.4 for 2): a biased hash (one ignoring the seed, or favouring small
     positions) exceeds them by far; the sample is deterministic, so this cannot flake.
     """
-    firsts = first_positions(universe, seeds=range(200))
+    firsts = first_keys(universe, seeds=range(200))
     counts = np.array([(firsts == j).sum() for j in universe])
     assert counts.sum() == 6400
     limit = {8: 29.9, 7: 27.9, 3: 18.4}[len(universe)]
@@ -106,10 +207,14 @@ def test_first_position_roughly_uniform(universe):
 def test_whole_permutation_roughly_uniform():
     """All 6 orders of a 3-key universe appear about equally often (6400 draws, 5 dof)."""
     counts = {}
+    alpha = torch.zeros(4, 1, 3, dtype=torch.float64)
+    norms = torch.ones(4, 3, dtype=torch.float64)
+    uni = torch.ones(4, 1, 3, dtype=torch.bool)
     for seed in range(200):
-        k = keys(seed=seed, heads=(0, 1, 2, 3), positions=(2,), repeats=8, num_keys=3)
-        for row in k.reshape(-1, 3):
-            perm = tuple(torch.argsort(row).tolist())
+        order = select_order(alpha, norms, uni, "random", 3, repeats=8,
+                             query_positions=torch.tensor([2]), seed=seed)
+        for row in order.reshape(-1, 3):
+            perm = tuple(row.tolist())
             counts[perm] = counts.get(perm, 0) + 1
     assert sorted(counts) == sorted(itertools.permutations(range(3)))
     # 25.7: the 99.99% quantile of chi-square with 5 degrees of freedom
@@ -246,11 +351,11 @@ def test_fast_random_control_reproducible_and_seeded():
 
 @pytest.mark.parametrize("impl", ["reference", "fast"])
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
-def test_random_rule_orders_by_ascending_keys(impl, distance):
-    """Repeat k's random order is the universe sorted ascending by permutation_keys.
+def test_random_rule_follows_the_shuffle(impl, distance):
+    """Repeat k's random order is the textbook shuffle of the control's draws.
 
     Only y_u = alpha_u v_u enters the metrics, so the same contributions can be
-    written with other alphas: alpha'_u decreasing along the key order sigma and
+    written with other alphas: alpha'_u decreasing along the shuffled order sigma and
     v'_u = y_u / alpha'_u. The attention rule on (alpha', v') then selects sigma's
     prefixes, and must reproduce the random rule on (alpha, v) for every N.
     """
@@ -261,10 +366,10 @@ def test_random_rule_orders_by_ascending_keys(impl, distance):
     grid = list(range(1, NEST_T))
     random_res = run(alpha, values, grid, rule="random", repeats=3, distance=distance,
                      **coords)
-    k_all = permutation_keys(coords["seed"], coords["window"], coords["layer"],
-                             torch.tensor([0]), torch.tensor([t]), 3, NEST_T)
+    draws = random_draws(coords["seed"], coords["window"], coords["layer"], 0, t, 3,
+                         list(range(NEST_T)))
     for k in range(3):
-        sigma = sorted(range(NEST_T), key=lambda j, k=k: (int(k_all[k, 0, 0, j]), j))
+        sigma = shuffled(list(range(NEST_T)), draws[k])
         new_alpha = torch.zeros_like(alpha)
         for rank, j in enumerate(sigma):
             new_alpha[0, 0, j] = (NEST_T - rank) / 16
@@ -297,10 +402,10 @@ def test_wrapping_multiply_equals_the_split_one(compile_on):
             assert torch.equal(fn(x, c), _split_mul32(x, c))
 
 
-def test_keys_are_those_of_the_split_multiply(monkeypatch):
-    # the same keys as the overflow-free multiply the tables were first made with
+def test_orders_are_those_of_the_split_multiply(monkeypatch):
+    # the same orders as with the overflow-free multiply
     from attngeom.core import kernels
 
-    fast = keys(seed=3, window=5, layer=2, num_keys=64)
+    fast = members(seed=3, window=5, layer=2, size=64)
     monkeypatch.setattr(kernels, "_mul32", _split_mul32)
-    assert torch.equal(fast, keys(seed=3, window=5, layer=2, num_keys=64))
+    assert torch.equal(fast, members(seed=3, window=5, layer=2, size=64))

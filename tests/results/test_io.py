@@ -126,7 +126,8 @@ def test_results_imports_no_torch():
             for name in names:
                 top = name.split(".")[0]
                 if top == "attngeom":
-                    assert name.startswith(("attngeom.errors", "attngeom.results")), (path, name)
+                    assert name.startswith(("attngeom.errors", "attngeom.names",
+                                            "attngeom.results")), (path, name)
                 else:
                     import sys
 

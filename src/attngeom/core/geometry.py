@@ -41,7 +41,7 @@ from torch import Tensor
 
 from attngeom.core.batch import ValueStats
 from attngeom.core.kernels import compile_enabled, counting, counting_euclidean, temp_bytes
-from attngeom.core.random_control import permutation_keys
+from attngeom.core.random_control import random_members
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES, VARIANTS
 
@@ -181,39 +181,66 @@ def select_order(
 
     Ties go to the smaller position. ``alpha`` is (H, Q, T) float64 with non-finite
     entries already zeroed, ``head_norms`` (H, T) the value norms seen by each query
-    head; the random rule's order is its counter-based sort keys' (``random_control``).
+    head; the random rule's order is drawn by :func:`random_tops`.
     """
     if rule == "random":
-        h, q, t = alpha.shape
         if query_positions is None:
             raise ConfigError("rule 'random' needs query_positions to seed the control")
+        h = alpha.shape[0]
         heads = torch.arange(h, device=alpha.device) if head_index is None else head_index
-        keys = _cached_keys(seed, window, layer, heads, query_positions, repeats, t)
-        return top_keys(keys, universe[None].expand_as(keys), nmax, largest=False)
+        members = random_members(seed, window, layer, heads, query_positions, repeats,
+                                 with_sink(universe).sum(-1), min(nmax, alpha.shape[-1]) + 1)
+        return random_tops(members, universe, min(nmax, alpha.shape[-1]))
     score = alpha if rule == "attention" else alpha * head_norms[:, None, :]
     return top_keys(score, universe, nmax)[None]
 
 
-_KEY_CACHE: dict[tuple, Tensor] = {}
-_KEY_CACHE_BYTES = 64 * 2**20
+def with_sink(universe: Tensor) -> Tensor:
+    """The universe with key 0 put back: what the random control shuffles (§4)."""
+    full = universe.clone()
+    full[..., 0] = True
+    return full
 
 
-def _cached_keys(seed, window, layer, heads, positions, repeats, t) -> Tensor:
-    """``permutation_keys``, kept for the next calls with the same rows: the full and
-    sink-excluded universes of one (window, layer) use the same random orders. The most
-    recent chunks are kept, within 64 MB and a quarter of the kernels' byte budget."""
-    def tag(x):
-        return (x.device.type, tuple(x.tolist())) if isinstance(x, Tensor) else x
+def random_tops(members: Tensor, universe: Tensor, width: int) -> Tensor:
+    """(K, H, Q, width) int64: the random orders' first ``width`` keys of ``universe``
+    (H or 1, Q, T) from ``members`` (K, H, Q, >= width + 1), the first members of a
+    shuffle of ``with_sink(universe)`` (``random_control.random_members``).
 
-    key = (seed, tag(window), tag(layer), tag(heads), tag(positions), repeats, t)
-    if key in _KEY_CACHE:
-        return _KEY_CACHE[key]
-    keys = permutation_keys(seed, window, layer, heads, positions, repeats, t)
-    limit = min(_KEY_CACHE_BYTES, temp_bytes(_KEY_CACHE_BYTES * 4) // 4)
-    _KEY_CACHE[key] = keys
-    while sum(v.numel() * 8 for v in _KEY_CACHE.values()) > limit:
-        del _KEY_CACHE[next(iter(_KEY_CACHE))]  # oldest first; maybe the new one too
-    return keys
+    Key 0 is dropped where the universe lacks it, so the sink-excluded universe's order
+    is the full one's with the sink taken out (both universes draw the same shuffle).
+    Rows with fewer than ``width`` keys end in the smallest keys outside the universe,
+    ascending, as :func:`top_keys` pads them.
+    """
+    k, h, q, _ = members.shape
+    t = universe.shape[-1]
+    width = min(width, t)
+    full = with_sink(universe)
+    keys = torch.arange(t, device=universe.device)
+
+    def rows(x: Tensor) -> Tensor:  # (H or 1, Q, T) -> (K, H, Q, T), no copy
+        return x[None].expand(k, h, q, t)
+
+    if bool((full == (keys < full.sum(-1, keepdim=True))).all()):  # every row 0..n-1
+        pos = members
+    else:  # member r of a row is its r-th universe key by position
+        table = torch.argsort((~full).to(torch.uint8), dim=-1, stable=True)
+        pos = torch.where(members >= 0, rows(table).gather(-1, members.clamp_min(0)), -1)
+    inside = (pos >= 0) & rows(universe).gather(-1, pos.clamp_min(0))
+    if not bool(inside[..., :width].all()):  # drop the sink (or padding), keep the order
+        order = torch.argsort((~inside).to(torch.uint8), dim=-1, stable=True)
+        pos = torch.where(inside.gather(-1, order), pos.gather(-1, order), -1)
+    pos = pos[..., :width].contiguous()
+    short = (universe.sum(-1) < width).expand(h, q)  # rows padded past their universe
+    if bool(short.any()):
+        outside = torch.argsort(universe.expand(h, q, t)[short].to(torch.uint8), dim=-1,
+                                stable=True)  # the keys outside first, ascending
+        part = pos[:, short]  # (K, S, width)
+        count = (part >= 0).sum(-1, keepdim=True)
+        slot = (torch.arange(width, device=pos.device) - count).clamp_min(0)
+        pad = outside[None].expand(k, *outside.shape).gather(-1, slot)
+        pos[:, short] = torch.where(part >= 0, part, pad)
+    return pos
 
 
 def _grid_tensor(n_grid: Sequence[int]) -> tuple[int, ...]:
@@ -368,12 +395,15 @@ def topn_metrics_variants(
     query_positions = query_positions.to(device=device, dtype=torch.int64)
     if visible is None:
         visible = causal_visibility(query_positions, t)
-    seen_keys = visible.to(device=device, dtype=torch.bool).expand(h, q, t)
-    universes = {}
+    seen_keys = visible.to(device=device, dtype=torch.bool)
+    # each universe as given (often (1, Q, T): shared by the heads), and for every head
+    light, universes, sizes = {}, {}, {}
     for variant in variants:
-        universes[variant] = seen_keys.clone()
+        light[variant] = seen_keys.clone()
         if variant == "no_sink":
-            universes[variant][..., 0] = False
+            light[variant][..., 0] = False
+        universes[variant] = light[variant].expand(h, q, t).clone()
+        sizes[variant] = light[variant].sum(-1).expand(h, q)
     # the pass computed in full, and the sink-excluded universe read off it
     first = "full" if "full" in variants else variants[0]
     derived = "no_sink" if first == "full" and "no_sink" in variants else None
@@ -430,9 +460,17 @@ def topn_metrics_variants(
     # each chunk works on the keys up to the last one any of its rows can see: causal
     # rows see a prefix, so ``all`` queries do about half the work of full rows; keys
     # past it are in no universe and change no order, count or aggregate
-    seen = universes[first].any(0)  # (Q, T)
+    seen = light[first].any(0)  # (Q, T)
     last = torch.where(seen, torch.arange(t, device=device), -1)
     computed = [first] if derived is None else [first, derived]
+    # the random orders of every row at once (O(N_max^2) a row, whatever T), both
+    # universes from one shuffle; chunks read their rows' first keys off them
+    random_top = {}
+    if "random" in rules:
+        heads = torch.arange(h, device=device) if head_index is None else head_index
+        members = random_members(seed, window, layer, heads, query_positions, ks["random"],
+                                 with_sink(seen_keys).sum(-1).expand(h, q), nmax + 2)
+        random_top = {v: random_tops(members, light[v], nmax + 1) for v in computed}
     parts: dict[str, list] = {v: [] for v in computed}
     tops: dict[str, list] = {v: [] for v in computed}
     if derived is not None:
@@ -444,21 +482,20 @@ def topn_metrics_variants(
         width = min(nmax, tk)
         chunk = {v: (alphas[v][:, sl, :tk], None, universes[v][:, sl, :tk]) for v in computed}
 
-        def orders(a: Tensor, u: Tensor, n: int, sl: slice = sl, tk: int = tk) -> Tensor:
-            # the order in chunks too: the random rule's sort keys are (K, H, rows, T) int64
-            return torch.cat([select_order(
-                a, head_norms[:, :tk], u, rule, n, repeats=ks[rule],
-                query_positions=query_positions[sl], seed=seed, window=window, layer=layer,
-                head_index=head_index) for rule in rules])
+        def orders(variant: str, n: int, sl: slice = sl, tk: int = tk,
+                   chunk: dict = chunk) -> Tensor:
+            a, _, u = chunk[variant]
+            return torch.cat([random_top[variant][:, :, sl, :min(n, tk)] if rule == "random"
+                              else select_order(a, head_norms[:, :tk], u, rule, n)
+                              for rule in rules])
 
         # with both universes alike but for the sink, and every row longer than the first
         # keys, the full order's first width + 1 keys give both (``_without_sink``)
         extend = (derived is not None and alphas[derived] is alphas[first]
                   and int(chunk[first][2].sum(-1).amin()) > width)
-        top = orders(chunk[first][0], chunk[first][2], nmax + 1 if extend else nmax)
+        top = orders(first, nmax + 1 if extend else nmax)
         if derived is not None:
-            top_d = (_without_sink(top, width) if extend
-                     else orders(chunk[derived][0], chunk[derived][2], nmax))
+            top_d = _without_sink(top, width) if extend else orders(derived, nmax)
             chunk[derived] = (chunk[derived][0], top_d, chunk[derived][2])
         chunk[first] = (chunk[first][0], top[..., :width], chunk[first][2])
         for variant in computed:
@@ -479,7 +516,7 @@ def topn_metrics_variants(
         top = torch.cat(tops[variant], dim=2)
         out = {name: torch.cat([p[name] for p in parts[variant]], dim=2)
                for name in parts[variant][0]}
-        usize = universes[variant].sum(-1)
+        usize = sizes[variant]
         valid = ((grid_t >= 1) & (grid_t[None, None, :] < usize[..., None])
                  & ~nonfinite[variant][..., None])
         results[variant], start = {}, 0

@@ -1,13 +1,13 @@
 """The exact inner loops of the geometry, fused by ``torch.compile`` where that is on.
 
-Two kinds of work dominate the top-N metrics once the closeness scores are known:
-comparisons and counts over every key of every row and N (Precision's intruders,
-Recall's clear keys, the inversion pairs), and the integer hashing of the random
-control. Both are exact operations (comparisons, minima, maxima and sums of booleans
+Once the closeness scores are known, the top-N metrics are comparisons and counts
+over every key of every row and N (Precision's intruders, Recall's clear keys, the
+inversion pairs): exact operations (comparisons, minima, maxima and sums of booleans
 or integers; no rounding), so a fused, compiled version gives bit for bit the tables
 of the plain one. Floating-point kernels (the Euclidean closeness scores, the bounds'
 per-N steps) are compiled only through ``compiled_float``: on CPU, where the generated
 C++ rounds every operation as the plain one does, and never with float sums inside.
+The integer hash of the random control lives here too.
 
 ``compiled(fn)`` returns the compiled version of one of these functions when
 compilation is enabled (``set_compile(True)``, or the ``ATTNGEOM_COMPILE`` variable)
@@ -357,12 +357,3 @@ def hashed_positions(keys: Tensor) -> Tensor:
     """The per-position half of ``combine``: ``hash32(key + golden)``, the same for
     every row, so it is computed once per window length and not once per row."""
     return hash32((keys + _GOLDEN) & _M32)
-
-
-def key_chain(row_hi: Tensor, row_lo: Tensor, hashed: Tensor) -> Tensor:
-    """63-bit sort keys from the two per-row hash states and ``hashed_positions``:
-    ``(combine(row_hi, j) << 31) | (combine(row_lo, j) >> 1)`` for every position j.
-
-    ``row_hi`` / ``row_lo`` (..., 1) int64, ``hashed`` (T,) int64 -> (..., T) int64.
-    """
-    return (hash32(row_hi ^ hashed) << 31) | (hash32(row_lo ^ hashed) >> 1)

@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from attngeom.errors import ConfigError
+from attngeom.names import RANDOM_CONTROL
 
 VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "pandas", "pyarrow")
 
@@ -166,6 +167,7 @@ def build_manifest(
         raise ConfigError(f"tables: expected a dict or list of names, got {tables!r}")
     manifest = {
         "attngeom_version": attngeom_version(),
+        "random_control": RANDOM_CONTROL,
         "command": command,
         "config": config,
         "fingerprint": config_fingerprint(config) if fingerprint is None else str(fingerprint),
