@@ -11,6 +11,9 @@ import os
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# ``--compile auto`` compiles for all-query runs on CPU; the tests pick compilation
+# themselves (tests/pipeline/test_compile_and_budget.py compares the two)
+os.environ.setdefault("ATTNGEOM_COMPILE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -193,9 +193,10 @@ class AnalysisConfig(RunConfig):
     memory_budget: float = option(0.25, help="GB of captured query rows per window of a "
                                   "batch; sets the query chunk when --chunk-size is not given",
                                   fingerprint=False)
-    compile: str = option("auto", help="torch.compile the exact counting kernels: on, off, "
-                          "or auto (on for all/stride queries on a GPU); tables are "
-                          "identical either way", fingerprint=False)
+    compile: str = option("auto", help="torch.compile the exact kernels: on, off, or auto "
+                          "(on for all/stride queries on a GPU, for all or stride:k with "
+                          "k <= 4 on CPU); tables are identical either way",
+                          fingerprint=False)
     bootstrap: int = option(1000, help="window-bootstrap replicates of the intervals and the "
                             "label stability (0: none)")
     regime_rule: str = option("single", help="head regime rule: single (plurality of self, "

@@ -149,3 +149,46 @@ def test_compiled_float_runs_plain_off_the_cpu():
     assert calls == ["meta"]
     with kernels.compiling(False):
         assert kernels.compiled_float(fn, fallback=plain) is plain
+
+
+def _gram_case(seed: int, g: int = 2, m: int = 5, t: int = 70, k: int = 9):
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(g, t, 5, generator=gen, dtype=torch.float64)
+    gram = values @ values.transpose(-1, -2)
+    top = torch.randint(0, t, (g, m, k), generator=gen)
+    a_top = torch.rand(g, m, k, generator=gen, dtype=torch.float64) ** 4
+    a_top[:, 0, -2:] = 0.0  # padding keys: alpha 0
+    return gram, top, a_top
+
+
+def test_gram_sums_add_the_selected_rows_in_rule_order():
+    """``gram_sums`` is sum_{k <= step} a_k G[top_k, u], added key by key in rule order:
+    equal bit for bit to a loop doing exactly that, at every width of the key prefix."""
+    gram, top, a_top = _gram_case(0)
+    steps = (3, 0, 1, 8, 8)  # N = 4, 1, 2, 9, one past K (the last sum again): grid order
+    for width in (1, 33, 70):
+        got = kernels.gram_sums(gram, top, a_top, steps, width)
+        assert got.shape == (2, 5, len(steps), width)
+        for gi in range(2):
+            for mi in range(5):
+                acc = None
+                sums = []
+                for j in range(top.shape[-1]):
+                    term = a_top[gi, mi, j] * gram[gi, top[gi, mi, j], :width]
+                    acc = term if acc is None else acc + term
+                    sums.append(acc)
+                want = torch.stack([sums[j] for j in steps])
+                assert torch.equal(got[gi, mi], want), (width, gi, mi)
+
+
+def test_compiled_gram_sums_equal_plain():
+    """Compiled on CPU (no multiply-add contraction, the order kept) the sums round as
+    the plain ones do, for several prefix widths from one graph."""
+    gram, top, a_top = _gram_case(1, t=300, k=32)
+    steps = (0, 1, 3, 7, 15, 31)
+    for width in (40, 300, 129):
+        want = kernels.gram_sums(gram, top.clamp_max(width - 1), a_top, steps, width)
+        with kernels.compiling(True):
+            got = kernels.summing_gram()(gram, top.clamp_max(width - 1), a_top, steps, width)
+        assert not kernels._STATE["broken"]
+        assert torch.equal(want, got), width

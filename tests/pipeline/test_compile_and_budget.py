@@ -114,14 +114,20 @@ def test_memory_budget_sets_the_chunk_and_never_the_tables(stories, plain_run,
                 assert a[col].equals(b[col]), f"{name}.{col}"
 
 
-def test_compile_choice_is_validated_and_auto_is_off_on_cpu() -> None:
+def test_compile_choice_is_validated_and_auto_follows_the_rows(monkeypatch) -> None:
     from attngeom.errors import ConfigError
 
     with pytest.raises(ConfigError, match="compile"):
         AnalysisConfig(model="m", corpus="c", compile="yes")
     with pytest.raises(ConfigError, match="memory_budget"):
         AnalysisConfig(model="m", corpus="c", memory_budget=0)
-    assert not kernels.resolve_compile("auto", device="cpu", query_mode="all")
+    monkeypatch.delenv("ATTNGEOM_COMPILE", raising=False)  # the tests set it off
+    assert kernels.resolve_compile("auto", device="cpu", query_mode="all")
+    assert kernels.resolve_compile("auto", device="cpu", query_mode="stride:4")
+    assert not kernels.resolve_compile("auto", device="cpu", query_mode="stride:16")
+    assert not kernels.resolve_compile("auto", device="cpu", query_mode="final")
     assert kernels.resolve_compile("auto", device="cuda:0", query_mode="stride:4")
     assert not kernels.resolve_compile("auto", device="cuda", query_mode="final")
     assert kernels.resolve_compile("on", device="cpu", query_mode="final")
+    monkeypatch.setenv("ATTNGEOM_COMPILE", "0")
+    assert not kernels.resolve_compile("auto", device="cpu", query_mode="all")

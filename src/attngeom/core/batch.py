@@ -41,6 +41,7 @@ class ValueStats:
         self._norms: Tensor | None = None
         self._sq_norms: Tensor | None = None
         self._gram: Tensor | None = None
+        self._whole_gram: Tensor | None = None  # a key prefix's: its window's Gram matrix
         self._coherence: Tensor | None = None
         self._pairs: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._values64: Tensor | None = None
@@ -69,7 +70,8 @@ class ValueStats:
         if self._values64 is not None:
             out._values64 = self._values64[:, :num_keys]
         if with_gram:
-            out._gram = self.gram[:, :num_keys, :num_keys]
+            out._whole_gram = self.whole_gram
+            out._gram = out._whole_gram[:, :num_keys, :num_keys]
         return out
 
     @property
@@ -96,6 +98,13 @@ class ValueStats:
             v = self.values64
             self._gram = v @ v.transpose(-1, -2)
         return self._gram
+
+    @property
+    def whole_gram(self) -> Tensor:
+        """(G, T_window, T_window) the window's whole Gram matrix, also for a key prefix
+        (whose ``gram`` is a view of its corner): contiguous rows, read by
+        ``kernels.gram_sums`` at the prefix's columns."""
+        return self.gram if self._whole_gram is None else self._whole_gram
 
     @property
     def sq_norms(self) -> Tensor:

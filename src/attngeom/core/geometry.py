@@ -40,7 +40,13 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import ValueStats
-from attngeom.core.kernels import compile_enabled, counting, counting_euclidean, temp_bytes
+from attngeom.core.kernels import (
+    compile_enabled,
+    counting,
+    counting_euclidean,
+    summing_gram,
+    temp_bytes,
+)
 from attngeom.core.random_control import random_members
 from attngeom.errors import ConfigError
 from attngeom.names import DISTANCES, METRICS, RULES, VARIANTS
@@ -439,8 +445,8 @@ def topn_metrics_variants(
 
     # each rule's path from its own rows per kv head (whole window), as if it were alone
     gram = {rule: path == "gram" or (path is None and _gram_pays(
-        ks[rule] * group * stats.queries, t, int(stats.values.shape[-1]), len(grid), nmax))
-        for rule in rules}
+        ks[rule] * group * stats.queries, t, int(stats.values.shape[-1]), len(grid), nmax,
+        g, alpha.device)) for rule in rules}
     if len(set(gram.values())) > 1:  # rules that take different paths: one pass per path
         out: dict[str, dict[str, TopNMetrics]] = {v: {} for v in variants}
         for use in (False, True):
@@ -561,14 +567,26 @@ def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
 
 
 _REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows, >= 2
-_GATHER_COST = 24  # one gathered element costs about 24 multiply-adds of a matrix product
+# one Gram-row element read and added by the compiled ``gram_sums`` costs about as much
+# as 4 multiply-adds of a float64 matrix product (measured on CPU, T = 1024, two threads)
+_ROW_READ_COST = 4
 
 
-def _gram_pays(rows: int, t: int, d: int, nn: int, nmax: int) -> bool:
+def _gram_pays(rows: int, t: int, d: int, nn: int, nmax: int, kv_heads: int,
+               device: torch.device) -> bool:
     """Whether the Gram path costs less than the direct one for ``rows`` per kv head:
-    T^2 d once plus T N_max gathered elements per row (memory-bound, weighted by
-    ``_GATHER_COST``, measured on CPU), against T d NN multiply-adds per row."""
-    return t * t * d + _GATHER_COST * rows * t * nmax < rows * t * d * nn
+    T^2 d once plus T N_max Gram-row reads per row (weighted by ``_ROW_READ_COST``),
+    against T d NN multiply-adds per row; and only where it is cheap and fits.
+
+    Only on CPU, where ``gram_sums`` compiles to exact fused C++ (elsewhere it would run
+    as N_max plain passes, and a float64 product is the cheaper way), and only when the
+    window's (G, T, T) float64 Gram matrix takes at most half the kernels' byte budget
+    (so a long window falls back to the direct path instead of past the budget). The
+    choice depends on the run's shapes, device and budget, never on the chunk at hand,
+    so chunking never changes a table."""
+    if device.type != "cpu" or kv_heads * t * t * 8 > temp_bytes(_CHUNK_BYTES) // 2:
+        return False
+    return t * t * d + _ROW_READ_COST * rows * t * nmax < rows * t * d * nn
 
 
 class _Folding:
@@ -705,7 +723,7 @@ def _metrics_folded(
     kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha_m.dtype)
 
     if use_gram:
-        inner, s2 = _inner_gram(stats, top_m, a_top, kmask)
+        inner, s2 = _inner_gram(stats, top_m, a_top, grid, nmax)
     else:
         inner, s2 = _inner_direct(stats, top_m, a_top, grid, nmax)
     if distance == "cosine":
@@ -781,15 +799,21 @@ def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int
     return inner, (s * s).sum(-1)
 
 
-def _inner_gram(stats: ValueStats, top: Tensor, a_top: Tensor, kmask: Tensor):
-    """The same from the value Gram matrix: its N_max selected columns, summed."""
-    gram = stats.gram  # (G, T, T)
-    g, m, nmax = top.shape
-    t = gram.shape[-1]
-    weights = a_top[..., :, None] * kmask  # (G, M, N_max, NN): alpha_sigma(k) [k < N]
-    gathered = torch.gather(gram[:, None].expand(g, m, t, t), 3,
-                            top[:, :, None, :].expand(g, m, t, nmax))  # (G, M, T, N_max)
-    inner = torch.matmul(gathered, weights).transpose(-1, -2).contiguous()  # (G, M, NN, T)
-    inner_sel = torch.gather(inner, -1, top[:, :, None, :].expand(g, m, kmask.shape[1], nmax))
-    s2 = (inner_sel * weights.transpose(-1, -2)).sum(-1)
+def _inner_gram(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int):
+    """The same from rows of the value Gram matrix (``kernels.gram_sums``): each row's
+    first keys padded to the grid's largest N (key 0 with alpha 0, which adds exact
+    zeros), so that a compiled kernel serves every chunk width with one graph."""
+    whole = stats.whole_gram  # (G, T_window, T_window)
+    g, m, _ = top.shape
+    k = min(max(grid), whole.shape[-1])
+    if nmax < k:
+        top = torch.cat([top, top.new_zeros(g, m, k - nmax)], dim=-1)
+        a_top = torch.cat([a_top, a_top.new_zeros(g, m, k - nmax)], dim=-1)
+    steps = tuple(max(0, min(n, nmax) - 1) for n in grid)
+    inner = summing_gram()(whole, top, a_top, steps, stats.num_keys)  # (G, M, NN, T)
+    sel = top[:, :, None, :nmax].expand(g, m, len(grid), nmax)
+    kmask = (torch.arange(nmax, device=top.device)[:, None]
+             < torch.tensor(grid, device=top.device)[None, :])
+    weights = a_top[:, :, None, :nmax] * kmask.T.to(a_top.dtype)  # alpha_sigma(k) [k < N]
+    s2 = (torch.gather(inner, -1, sel) * weights).sum(-1)
     return inner, s2

@@ -90,17 +90,25 @@ def temp_bytes(default: int) -> int:
 
 def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:
     """``on``/``off`` as given; ``auto``: the ``ATTNGEOM_COMPILE`` variable where it is
-    set, else on for many query rows on a GPU.
+    set, else on for many query rows: ``all`` or ``stride:k`` queries on a GPU, and on
+    CPU ``all`` or a stride of at most 4.
 
     Compiling costs seconds to tens of seconds once (the C++ backend on CPU is the
-    slowest); it pays back where the counting dominates, which is ``all``/``stride``
-    queries on an accelerator. On CPU ``auto`` stays off: pass ``on`` for long runs.
+    slowest); it pays back where the per-row work dominates. On CPU that is where the
+    Gram path sums rows of the Gram matrix (``gram_sums``), which runs about six times
+    faster compiled; a sparse stride or ``final`` queries stay off (pass ``on`` for a
+    long run). The tables are the same either way.
     """
     if choice in ("on", "off"):
         return choice == "on"
     if os.environ.get("ATTNGEOM_COMPILE"):
         return _STATE["enabled"]
-    return query_mode != "final" and not str(device).startswith("cpu")
+    if query_mode == "final":
+        return False
+    if not str(device).startswith("cpu"):
+        return True
+    return query_mode == "all" or (query_mode.startswith("stride:")
+                                   and int(query_mode.split(":", 1)[1]) <= 4)
 
 
 def compile_enabled() -> bool:
@@ -273,6 +281,35 @@ def counting_euclidean() -> Callable:
     the counts in one compiled pass on CPU, where compiled float arithmetic rounds as the
     plain one does; elsewhere the scores are computed plain, then ``counting()``."""
     return compiled_float(count_euclidean_fused, fallback=_count_euclidean_plain)
+
+
+def gram_sums(gram: Tensor, top: Tensor, a_top: Tensor, steps: tuple[int, ...],
+              width: int) -> Tensor:
+    """(G, M, NN, width) ``<v_u, s_N>`` from rows of the value Gram matrix: for every row
+    and key u < ``width``, sum_{k <= steps[c]} a_top[k] G[top[k], u], added one selected
+    key at a time in rule order (a fixed order: each product rounded, then each sum).
+
+    ``gram`` (G, T, T) the window's whole Gram matrix (symmetric, so row top[k] holds
+    the column too: the reads are contiguous), ``top`` (G, M, K) and ``a_top`` (G, M, K)
+    each row's first keys and their alphas, ``steps`` the last k of each N of the grid.
+    Compiled (``compiled_float``, CPU) it is one pass with K row reads per output entry
+    and no temporary; plain, K passes of a multiply and an add, which round alike.
+    """
+    g, m, k = top.shape
+    t = gram.shape[-1]
+    flat = gram.reshape(g * t, t)[:, :width]
+    index = top + (torch.arange(g, device=top.device) * t)[:, None, None]
+    sums = []  # the running sum after each key (only those at ``steps`` are stored)
+    for j in range(k):
+        row = flat.index_select(0, index[:, :, j].reshape(-1)).reshape(g, m, width)
+        term = a_top[:, :, j, None] * row
+        sums.append(term if j == 0 else sums[-1] + term)
+    return torch.stack([sums[j] for j in steps], 2)  # in the grid's order
+
+
+def summing_gram() -> Callable:
+    """``gram_sums``, compiled on CPU where that is on (exact, ``compiled_float``)."""
+    return compiled_float(gram_sums)
 
 
 def _selection_counts(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
