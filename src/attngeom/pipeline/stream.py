@@ -23,7 +23,7 @@ from attngeom.errors import ConfigError
 # analysed: the probabilities and the eager recomputation that makes them (~16), the
 # float64 copies and masks of the metrics (~24), those of the bounds (~9). The budget is
 # split: half for these whole-chunk tensors, half for the kernels' own row-chunked
-# temporaries (``kernels.temporaries``: gathers, closeness scores, random sort keys).
+# temporaries (``kernels.temporaries``: gathers, closeness scores, selections).
 _BYTES_PER_ENTRY = 48
 _PIECE_FLOOR = 8 * 2**20  # the least kernel budget ``final`` queries get (kernel_budget)
 
