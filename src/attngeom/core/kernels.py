@@ -299,12 +299,15 @@ def gram_sums(gram: Tensor, top: Tensor, a_top: Tensor, steps: tuple[int, ...],
     t = gram.shape[-1]
     flat = gram.reshape(g * t, t)[:, :width]
     index = top + (torch.arange(g, device=top.device) * t)[:, None, None]
-    sums = []  # the running sum after each key (only those at ``steps`` are stored)
+    acc, kept = None, [None] * len(steps)  # the running sum, and its value at each step
     for j in range(k):
         row = flat.index_select(0, index[:, :, j].reshape(-1)).reshape(g, m, width)
         term = a_top[:, :, j, None] * row
-        sums.append(term if j == 0 else sums[-1] + term)
-    return torch.stack([sums[j] for j in steps], 2)  # in the grid's order
+        acc = term if acc is None else acc + term
+        for c, step in enumerate(steps):
+            if step == j:
+                kept[c] = acc
+    return torch.stack(kept, 2)  # in the grid's order
 
 
 def summing_gram() -> Callable:
