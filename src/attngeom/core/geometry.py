@@ -147,16 +147,22 @@ def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True
     else:
         fill = torch.iinfo(score.dtype).min if largest else torch.iinfo(score.dtype).max
     score = score.masked_fill(~universe, fill)
-    best, indices = torch.topk(score, nmax, dim=-1, largest=largest, sorted=True)
-    kth = best[..., -1:]
+    # one key more than asked: without ties (the N_max-th score beats the next one, the
+    # winners are strictly ordered) the set and its order are unique and topk's are the
+    # answer, found without another pass over the row; real attention almost always
+    # takes this path
+    wide = min(nmax + 1, t)
+    best, indices = torch.topk(score, wide, dim=-1, largest=largest, sorted=True)
+
+    def before(a: Tensor, b: Tensor) -> Tensor:
+        return a > b if largest else a < b
+
+    apart = before(best[..., : wide - 1], best[..., 1:])  # (..., wide - 1)
+    if bool(apart[..., : nmax if wide > nmax else nmax - 1].all()):
+        return indices[..., :nmax].contiguous()
+    kth = best[..., nmax - 1 : nmax]
     equal = score == kth
-    # without ties (the N_max-th score occurs once, the winners are strictly ordered) the
-    # set and its order are unique and topk's are the answer; the random rule's 63-bit
-    # keys and real attention almost always take this path
-    apart = best[..., :-1] > best[..., 1:] if largest else best[..., :-1] < best[..., 1:]
-    if bool((equal.sum(-1) == 1).all()) and bool(apart.all()):
-        return indices
-    strict = score > kth if largest else score < kth
+    strict = before(score, kth)
     need = nmax - strict.sum(-1, keepdim=True)
     take = strict | (equal & (equal.cumsum(-1) <= need))  # ties: the smallest positions
     place = torch.where(take, take.cumsum(-1) - 1, nmax)  # ascending positions first
