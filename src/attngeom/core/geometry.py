@@ -655,8 +655,11 @@ def _metrics_rows(
     owns, read_offs = [], []
     for s in range(0, fd.m, piece):
         sl = slice(s, s + piece)
-        own, read_off = _metrics_folded(*(x[:, sl] for x in rows), stats, grid, nmax,
-                                        distance, use_gram, drop_first=sink_rows is not None)
+        # one piece: the folded tensors themselves (a view would be copied again on its
+        # way into a compiled kernel)
+        mine = rows if piece >= fd.m else tuple(x[:, sl] for x in rows)
+        own, read_off = _metrics_folded(*mine, stats, grid, nmax, distance, use_gram,
+                                        drop_first=sink_rows is not None)
         owns.append(own)
         if sink_rows is not None:
             if rows_d is not None:
