@@ -305,3 +305,73 @@ def test_rules_sharing_a_pass_keep_their_own_path() -> None:
             for name in (*METRICS, "top"):
                 assert torch.equal(getattr(res, name).nan_to_num(-1.0),
                                    getattr(one, name).nan_to_num(-1.0)), (seed, rule, name)
+
+
+def test_kernel_budget_never_picks_the_path_so_ties_stay_put() -> None:
+    """The Gram and direct paths round apart, so exact ties may fall either way between
+    them; the memory budget (which changes no table) must not choose between them. Tie-
+    heavy inputs, where the two paths do give different counts, agree under any budget."""
+    from attngeom.core.geometry import _gram_pays, causal_visibility, topn_metrics
+    from attngeom.core.kernels import temporaries
+
+    g, h, t, d, grid = 2, 4, 64, 64, (1, 2, 3, 4, 6, 8, 12, 16)
+    qpos = torch.arange(0, 64)
+    vis = causal_visibility(qpos, t)
+    for budget in (1, 2**16, 2**20):
+        with temporaries(budget):
+            assert _gram_pays(2 * qpos.numel(), t, d, len(grid), 16, g, torch.device("cpu"))
+    differ_by_path = 0
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        values = (torch.randn(g, t, d, generator=gen) * 0.7).round() / 3  # exact ties
+        logits = (torch.randn(h, qpos.numel(), t, generator=gen) * 0.5).round()
+        alpha = torch.softmax(logits.masked_fill(~vis, float("-inf")), -1)
+        kw = dict(rule="attention", visible=vis, query_positions=qpos)
+        res = {}
+        for budget in (2**20, 2**16):
+            with temporaries(budget):
+                res[budget] = topn_metrics(alpha, values, grid, **kw)
+        direct = topn_metrics(alpha, values, grid, path="direct", **kw)
+        for name in ("precision", "recall", "inversions"):
+            a, b = (getattr(res[x], name).nan_to_num(-1.0) for x in (2**20, 2**16))
+            assert torch.equal(a, b), (seed, name)
+            differ_by_path += int((a != getattr(direct, name).nan_to_num(-1.0)).sum())
+    assert differ_by_path > 0  # the inputs do hold ties that the two paths break apart
+
+
+def test_gram_sums_get_one_set_of_steps_whatever_the_chunk_width(monkeypatch) -> None:
+    """The Gram row sums read their steps off the grid and the window, never off a chunk's
+    width: compiled, each distinct steps tuple is another graph (dynamo's limit of 32
+    graphs would switch compilation off for a run of narrow chunks)."""
+    from attngeom.core import geometry, kernels
+
+    seen = set()
+    plain = kernels.gram_sums
+
+    def spy(gram, top, a_top, steps, width):
+        seen.add((steps, top.shape[-1]))
+        return plain(gram, top, a_top, steps, width)
+
+    monkeypatch.setattr(geometry, "summing_gram", lambda: spy)
+    gen = torch.Generator().manual_seed(0)
+    t = 40
+    alpha = torch.softmax(torch.randn(2, t, t, generator=gen), -1)
+    values = torch.randn(1, t, 4, generator=gen)
+    geometry.topn_metrics(alpha, values, (1, 2, 4, 8, 16, 32), path="gram", chunk_rows=1)
+    assert len(seen) == 1, seen
+
+
+def test_random_orders_take_a_universe_shared_by_the_heads() -> None:
+    """``select_order`` with a (1, Q, T) universe (broadcast over heads) gives the orders
+    of the universe expanded to every head."""
+    from attngeom.core.geometry import causal_visibility, select_order
+
+    h, t = 3, 9
+    pos = torch.tensor([4, 6, 8])
+    alpha = torch.full((h, 3, t), 1 / t, dtype=torch.float64)
+    norms = torch.ones(h, t, dtype=torch.float64)
+    uni = causal_visibility(pos, t)
+    kw = dict(repeats=2, query_positions=pos, seed=5)
+    shared = select_order(alpha, norms, uni, "random", 4, **kw)
+    assert torch.equal(shared, select_order(alpha, norms, uni.expand(h, 3, t), "random", 4,
+                                            **kw))

@@ -93,11 +93,40 @@ class ValueStats:
     def gram(self) -> Tensor:
         """(G, T, T) inner products <v_a, v_b> per kv head."""
         if self._gram is None and self._parts:
-            self._gram = torch.cat([p.gram for p in self._parts])
+            self._gram = self._stacked_gram()
         if self._gram is None:
             v = self.values64
             self._gram = v @ v.transpose(-1, -2)
         return self._gram
+
+    def _stacked_gram(self) -> Tensor:
+        """The parts' Gram matrices as one tensor, held once: the parts' own are views of
+        it, so the next stack of the same parts (the next query chunk of the layer)
+        finds it again instead of copying, and nothing is held twice. Each part's block
+        is the product its own ``gram`` would compute (same shapes, same rounding)."""
+        grams = [p._gram for p in self._parts]
+        base = grams[0]._base if grams[0] is not None else None
+        if base is not None and base.shape[0] == self.num_kv_heads and all(
+                g is not None and g._base is base and g.data_ptr() == base[i].data_ptr()
+                for g, i in zip(grams, self._part_starts(), strict=True)):
+            return base
+        if any(g is not None for g in grams):
+            return torch.cat([p.gram for p in self._parts])
+        v = self._parts[0].values64
+        whole = torch.empty((self.num_kv_heads, self.num_keys, self.num_keys),
+                            dtype=v.dtype, device=v.device)
+        for p, start in zip(self._parts, self._part_starts(), strict=True):
+            block = whole[start : start + p.num_kv_heads]
+            torch.matmul(p.values64, p.values64.transpose(-1, -2), out=block)
+            p._gram = block
+        return whole
+
+    def _part_starts(self) -> list[int]:
+        starts, at = [], 0
+        for p in self._parts:
+            starts.append(at)
+            at += p.num_kv_heads
+        return starts
 
     @property
     def whole_gram(self) -> Tensor:

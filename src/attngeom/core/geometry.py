@@ -46,6 +46,7 @@ from attngeom.core.kernels import (
     counting_euclidean,
     summing_gram,
     temp_bytes,
+    window_bytes,
 )
 from attngeom.core.random_control import random_members
 from attngeom.errors import ConfigError
@@ -200,11 +201,33 @@ def select_order(
             raise ConfigError("rule 'random' needs query_positions to seed the control")
         h = alpha.shape[0]
         heads = torch.arange(h, device=alpha.device) if head_index is None else head_index
-        members = random_members(seed, window, layer, heads, query_positions, repeats,
-                                 with_sink(universe).sum(-1), min(nmax, alpha.shape[-1]) + 1)
-        return random_tops(members, universe, min(nmax, alpha.shape[-1]))
+        return random_first_keys({"u": universe}, min(nmax, alpha.shape[-1]), seed=seed,
+                                 window=window, layer=layer, heads=heads,
+                                 positions=query_positions, repeats=repeats)["u"]
     score = alpha if rule == "attention" else alpha * head_norms[:, None, :]
     return top_keys(score, universe, nmax)[None]
+
+
+def random_first_keys(universes: dict[str, Tensor], width: int, *, seed: int,
+                      window: int | Tensor, layer: int, heads: Tensor, positions: Tensor,
+                      repeats: int) -> dict[str, Tensor]:
+    """``random_tops`` of every universe in ``universes`` ((H or 1, Q, T) each, alike but
+    for key 0), (K, H, Q, width) each, from one shuffle per row; rows in pieces whose
+    shuffle temporaries fit the kernels' byte budget."""
+    any_u = next(iter(universes.values()))
+    h, (q, t) = heads.numel(), any_u.shape[1:]
+    steps = width + 1  # one member more: key 0 may be dropped
+    per_row = repeats * h * steps * 8 * 8 + h * t * 8  # the shuffle's, a holed row's table
+    rows = max(1, temp_bytes(_CHUNK_BYTES) // per_row)
+    parts: dict[str, list[Tensor]] = {name: [] for name in universes}
+    for s in range(0, q, rows):
+        sl = slice(s, s + rows)
+        sizes = with_sink(any_u[:, sl]).sum(-1).expand(h, -1)
+        members = random_members(seed, window, layer, heads, positions[sl], repeats, sizes,
+                                 steps)
+        for name, u in universes.items():
+            parts[name].append(random_tops(members, u[:, sl], width))
+    return {name: torch.cat(p, dim=2) for name, p in parts.items()}
 
 
 def with_sink(universe: Tensor) -> Tensor:
@@ -480,9 +503,9 @@ def topn_metrics_variants(
     random_top = {}
     if "random" in rules:
         heads = torch.arange(h, device=device) if head_index is None else head_index
-        members = random_members(seed, window, layer, heads, query_positions, ks["random"],
-                                 with_sink(seen_keys).sum(-1).expand(h, q), nmax + 2)
-        random_top = {v: random_tops(members, light[v], nmax + 1) for v in computed}
+        random_top = random_first_keys({v: light[v] for v in computed}, min(nmax + 1, t),
+                                       seed=seed, window=window, layer=layer, heads=heads,
+                                       positions=query_positions, repeats=ks["random"])
     parts: dict[str, list] = {v: [] for v in computed}
     tops: dict[str, list] = {v: [] for v in computed}
     if derived is not None:
@@ -573,6 +596,7 @@ def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
 
 
 _REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows, >= 2
+_GRAM_BYTES = 64 * 2**20  # the largest Gram matrix of a window the Gram path holds
 # one Gram-row element read and added by the compiled ``gram_sums`` costs about as much
 # as 4 multiply-adds of a float64 matrix product (measured on CPU, T = 1024, two threads)
 _ROW_READ_COST = 4
@@ -586,11 +610,12 @@ def _gram_pays(rows: int, t: int, d: int, nn: int, nmax: int, kv_heads: int,
 
     Only on CPU, where ``gram_sums`` compiles to exact fused C++ (elsewhere it would run
     as N_max plain passes, and a float64 product is the cheaper way), and only when the
-    window's (G, T, T) float64 Gram matrix takes at most half the kernels' byte budget
-    (so a long window falls back to the direct path instead of past the budget). The
-    choice depends on the run's shapes, device and budget, never on the chunk at hand,
-    so chunking never changes a table."""
-    if device.type != "cpu" or kv_heads * t * t * 8 > temp_bytes(_CHUNK_BYTES) // 2:
+    window's (G, T, T) float64 Gram matrix takes at most ``_GRAM_BYTES`` (64 MB: T = 1024
+    with up to 8 kv heads; a longer window takes the direct path). The two paths round
+    apart (exact ties may fall either way), so the choice depends on the window's shapes
+    and the device alone: never on the chunk, the batch or the memory budget, which
+    change no table."""
+    if device.type != "cpu" or kv_heads * t * t * 8 > window_bytes(_GRAM_BYTES):
         return False
     return t * t * d + _ROW_READ_COST * rows * t * nmax < rows * t * d * nn
 
@@ -811,14 +836,16 @@ def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int
 def _inner_gram(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int):
     """The same from rows of the value Gram matrix (``kernels.gram_sums``): each row's
     first keys padded to the grid's largest N (key 0 with alpha 0, which adds exact
-    zeros), so that a compiled kernel serves every chunk width with one graph."""
+    zeros), and the sums read at steps set by the grid and the window alone, so that a
+    compiled kernel serves every chunk width with one graph (its steps are constants of
+    the graph; a step per width would compile a graph per width)."""
     whole = stats.whole_gram  # (G, T_window, T_window)
     g, m, _ = top.shape
     k = min(max(grid), whole.shape[-1])
     if nmax < k:
         top = torch.cat([top, top.new_zeros(g, m, k - nmax)], dim=-1)
         a_top = torch.cat([a_top, a_top.new_zeros(g, m, k - nmax)], dim=-1)
-    steps = tuple(max(0, min(n, nmax) - 1) for n in grid)
+    steps = tuple(max(0, min(n, k) - 1) for n in grid)
     inner = summing_gram()(whole, top, a_top, steps, stats.num_keys)  # (G, M, NN, T)
     sel = top[:, :, None, :nmax].expand(g, m, len(grid), nmax)
     kmask = (torch.arange(nmax, device=top.device)[:, None]

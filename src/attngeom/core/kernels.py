@@ -88,6 +88,13 @@ def temp_bytes(default: int) -> int:
     return (_STATE["temp_bytes"] or default) * _STATE["windows"]
 
 
+def window_bytes(nbytes: int) -> int:
+    """``nbytes`` per window, times the windows stacked (``stacked_windows``): a fixed
+    size that holds whatever the batch size, like ``temp_bytes`` but not set by the run's
+    memory budget."""
+    return int(nbytes) * _STATE["windows"]
+
+
 def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:
     """``on``/``off`` as given; ``auto``: the ``ATTNGEOM_COMPILE`` variable where it is
     set, else on for many query rows: ``all`` or ``stride:k`` queries on a GPU, and on
@@ -163,9 +170,11 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
                 out = fast(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - no compiler, unsupported op: run plain
             _STATE["broken"] = True
-            warnings.warn(f"attngeom: torch.compile unavailable ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0][:200]}); using the uncompiled kernels",
-                          RuntimeWarning, stacklevel=2)
+            what = ("stopped: more shapes than its graph limit" if "RecompileLimit"
+                    in type(exc).__name__ else "unavailable")
+            warnings.warn(f"attngeom: torch.compile {what} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]}); using the uncompiled kernels "
+                          "(same tables)", RuntimeWarning, stacklevel=2)
             return plain(*args, **kwargs)
         if first:
             seen.add(key)
