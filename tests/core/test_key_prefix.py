@@ -72,3 +72,24 @@ def test_nan_value_at_a_key_no_row_sees_changes_nothing():
             assert torch.equal(getattr(runs[0], name).nan_to_num(-1),
                                getattr(other, name).nan_to_num(-1)), name
     assert not bool(runs[0].nonfinite.any())
+
+
+def test_stacked_windows_hold_their_gram_matrices_once() -> None:
+    """Stacking windows' value stats gives each window's own Gram product (bit for bit),
+    held once: the parts' matrices are views of the stack's, and the next stack of the
+    same parts (the layer's next query chunk) reuses it instead of copying."""
+    import torch
+
+    from attngeom.core.batch import ValueStats
+
+    gen = torch.Generator().manual_seed(0)
+    parts = [ValueStats(torch.randn(2, 50, 8, generator=gen)) for _ in range(3)]
+    alone = [p.values64 @ p.values64.transpose(-1, -2) for p in parts]
+    first = ValueStats.stack(parts).gram
+    assert torch.equal(first, torch.cat(alone))
+    assert all(p.gram._base is first for p in parts)
+    assert ValueStats.stack(parts).gram is first
+    other = ValueStats(torch.randn(2, 50, 8, generator=gen))
+    assert other.gram.shape == (2, 50, 50)  # its own first: a stack with it copies
+    assert torch.equal(ValueStats.stack([other, parts[1]]).gram,
+                       torch.cat([other.gram, alone[1]]))
