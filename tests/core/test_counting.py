@@ -8,6 +8,8 @@ binary search).
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,13 +56,16 @@ def _valid(universe, grid):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), r=st.integers(1, 5), t=st.integers(2, 70),
        grid=st.sampled_from([(1,), (1, 2, 4, 8), (3, 16, 33), (1, 2, 4, 8, 16, 32, 64)]),
-       levels=st.sampled_from([3, 1000]))
-def test_eager_and_fused_counts_match_the_definitions(seed, r, t, grid, levels):
+       levels=st.sampled_from([3, 1000]), at_once=st.sampled_from([1, 150, 2**21]))
+def test_eager_and_fused_counts_match_the_definitions(seed, r, t, grid, levels, at_once):
+    """Also with the eager comparisons cut into blocks of selected keys of every size
+    (one key, a few with a ragged last block, all of them)."""
     close, universe, top = _rows(seed, r, t, grid, levels)
     ref = _reference(close, universe, top, grid)
     ok = _valid(universe, grid)
     for fn in (count_metrics, count_metrics_fused):
-        got = fn(close, universe, top, grid)
+        with mock.patch.object(kernels, "_COMPARED_AT_ONCE", at_once):
+            got = fn(close, universe, top, grid)
         for name, want, have in zip(("cmin", "cmax", "intruders", "clears", "inversions"),
                                     ref, got, strict=True):
             assert torch.equal(have[ok], want[ok]), (fn.__name__, name)

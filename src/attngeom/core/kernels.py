@@ -188,6 +188,10 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
 
 
 _LOOP_UP_TO = 32  # selected keys up to which eager inversions go one key at a time
+# comparisons one eager operation makes at most: a few selected keys at once when the
+# rows are few (one operation per key costs more than its work there), one key at a
+# time when they are many (a larger boolean temporary runs slower: measured on CPU)
+_COMPARED_AT_ONCE = 2**18
 
 
 def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
@@ -207,20 +211,24 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[i
 
     This is the eager version: each selected key i counts its inversions,
     #{j unselected: close[j] >= close[i]}, in one comparison pass (no (R, N, T)
-    temporary; faster on CPU than a binary search up to about 32 keys), and past that
+    temporary past ``_COMPARED_AT_ONCE`` comparisons; faster on CPU than a binary
+    search up to about 32 keys), and past that
     each unselected key is searched in the sorted selected scores (the same
     comparisons). ``count_metrics_fused`` is the form ``torch.compile`` fuses.
     """
     counts, unsel, thresholds, dropped = _selection_counts(
         close, universe, top, grid, drop_first)
     inversions = []
+    r, t = unsel.shape[0], unsel.shape[-1]
+    block = max(1, _COMPARED_AT_ONCE // max(1, r * t))  # selected keys per comparison
     for c, n in enumerate(grid):
         k = min(int(n), top.shape[-1])
         u = unsel[:, c]
         if k <= _LOOP_UP_TO:
-            count = torch.zeros(u.shape[0], dtype=torch.int64, device=u.device)
-            for i in range(k):
-                count = count + (u >= thresholds[:, c, i, None]).sum(-1)
+            count = torch.zeros(r, dtype=torch.int64, device=u.device)
+            for i in range(0, k, block):
+                hits = u[:, None, :] >= thresholds[:, c, i : i + block, None]
+                count = count + hits.reshape(r, -1).sum(-1)
         else:
             ordered = torch.sort(thresholds[:, c, :k], dim=-1).values
             count = torch.searchsorted(ordered, u.contiguous(), right=True).sum(-1)
