@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install browser bench bench-memory clean
+.PHONY: demo test lint install browser bench bench-memory bench-real clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ bench: install
 
 bench-memory: install
 	$(BIN)/python benchmarks/bench_memory.py --json benchmarks/results-memory-cpu.json
+
+bench-real: install
+	$(BIN)/python benchmarks/bench_real.py --json benchmarks/results-real-cpu.json
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache .hypothesis

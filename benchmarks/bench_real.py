@@ -1,0 +1,192 @@
+"""The paper's protocol on a real model: time and peak memory against the plain forward.
+
+The random-weight benchmark model (``bench_analysis``) has near-uniform attention and
+no sink; a trained model has both, and a different balance of forward cost to analysis
+cost (fewer, narrower heads per layer, more layers). This measures the case the scale
+issue was filed on: SmolLM2-135M-Instruct (the shared GGUF: 30 layers, 9 heads, 3 kv
+heads, head_dim 64), ``final`` queries with every analysis (``bench_analysis.MODES
+["final"]``: six rule x universe combinations, 16 random repeats, sink, taxonomy,
+bounds, diagnostics), windows of 1024 tokens of WikiText-2's test split, 4 windows per
+forward batch, on CPU.
+
+* memory: each of ``plain`` (the sdpa forward of the batch), ``eager`` (with
+  ``output_attentions``) and ``final`` runs in a fresh subprocess: one warm-up call of
+  the same batch, then the peak RSS of one measured call minus the RSS just before it
+  (``bench_memory``'s method and malloc setting);
+* time: ``final`` uncompiled and compiled (``--compile on``) against the plain forward
+  of the same batch, side by side in one process (medians of interleaved repeats),
+  compile time reported apart.
+
+Run: ``make bench-real`` (writes ``benchmarks/results-real-cpu.json``) or
+``.venv/bin/python benchmarks/bench_real.py [--repeats 3] [--json F]``. It needs the
+shared assets (``ATTNGEOM_ASSETS``) and takes about 10 minutes on two CPU threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_analysis import MODES, side_by_side  # noqa: E402
+from bench_memory import MMAP_THRESHOLD, _reset_peak, _status_kb, _trim  # noqa: E402
+
+WINDOW, BATCH = 1024, 4
+MARK = "BENCH_REAL "
+
+
+class RealCase:
+    """The model, one batch of real windows, and the calls measured on them."""
+
+    def __init__(self, threads: int) -> None:
+        import torch
+
+        from attngeom.assets import asset
+        from attngeom.capture import load_model, model_layout
+        from attngeom.pipeline.corpus import split_wikitext_articles
+        from attngeom.pipeline.windows import make_windows
+
+        torch.set_num_threads(threads)
+        self.model_path = asset("smollm2-135m")
+        self.corpus_path = asset("wikitext-2-test", "--corpus")
+        self.model, tokenizer = load_model(self.model_path)
+        self.layout = model_layout(self.model)
+        documents = split_wikitext_articles(Path(self.corpus_path).read_text())
+        self.windows = make_windows(documents, tokenizer, WINDOW, n_windows=BATCH)
+        self.ids = torch.stack([w.input_ids for w in self.windows])
+
+    def plain(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            self.model(input_ids=self.ids)
+
+    def eager(self) -> None:
+        import torch
+
+        prev = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=self.ids, output_attentions=True)
+        finally:
+            self.model.set_attn_implementation(prev)
+
+    def final(self, compiled: bool = False) -> None:
+        from attngeom.config import AnalysisConfig
+        from attngeom.pipeline.analyses import AnalysisSet
+        from attngeom.pipeline.stream import stream_windows
+
+        cfg = AnalysisConfig(model="smollm2-135m", corpus="wikitext-2-test",
+                             window_length=WINDOW, batch_size=BATCH, bootstrap=0,
+                             compile="on" if compiled else "off", **MODES["final"])
+        stream_windows(self.model, self.layout, self.windows, cfg, AnalysisSet.create(cfg))
+
+    def call(self, mode: str):
+        return {"plain": self.plain, "eager": self.eager, "final": self.final}[mode]
+
+
+def memory_point(mode: str, threads: int) -> dict:
+    case = RealCase(threads)
+    call = case.call(mode)
+    call()  # warm-up on the same batch: lazy imports, one-time caches
+    _trim()
+    base_kb = _status_kb("VmRSS")
+    _reset_peak()
+    t0 = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - t0
+    return {"mode": mode, "seconds": seconds, "model_rss_gb": base_kb / 2**20,
+            "above_model_gb": (_status_kb("VmHWM") - base_kb) / 2**20}
+
+
+def timing(threads: int, repeats: int) -> dict:
+    from attngeom.core import kernels
+
+    case = RealCase(threads)
+    case.final()
+    case.plain()
+    t_plain, t_final = side_by_side(case.plain, case.final, repeats)
+    before = kernels.compile_seconds()
+    t0 = time.perf_counter()
+    case.final(compiled=True)
+    first = time.perf_counter() - t0
+    compile_s = kernels.compile_seconds() - before
+    t_plain_c, t_compiled = side_by_side(case.plain, lambda: case.final(compiled=True),
+                                         repeats)
+    return {"plain_s": t_plain, "final_s": t_final, "final_over_plain": t_final / t_plain,
+            "plain_s_beside_compiled": t_plain_c, "final_compiled_s": t_compiled,
+            "final_compiled_over_plain": t_compiled / t_plain_c,
+            "compiled_first_call_s": first, "compile_s": compile_s}
+
+
+def _child(args: list[str], malloc: bool) -> dict:
+    env = dict(os.environ)
+    if malloc:
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
+                          capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {"status": f"error (rc {proc.returncode})", "stderr_tail": tail}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--memory-point", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    if args.memory_point:
+        print(MARK + json.dumps(memory_point(args.memory_point, args.threads)), flush=True)
+        return
+    if args.timing:
+        print(MARK + json.dumps(timing(args.threads, args.repeats)), flush=True)
+        return
+    common = ["--threads", str(args.threads), "--repeats", str(args.repeats)]
+    memory = {}
+    for mode in ("plain", "eager", "final"):
+        memory[mode] = _child(["--memory-point", mode, *common], malloc=True)
+        row = memory[mode]
+        if "above_model_gb" in row:
+            print(f"memory {mode:6s} {row['above_model_gb']:.3f} GB above the model "
+                  f"(model and libraries {row['model_rss_gb']:.3f} GB)", flush=True)
+        else:
+            print(f"memory {mode:6s} {row['status']}: {row['stderr_tail']}", flush=True)
+    times = _child(["--timing", *common], malloc=False)
+    if "final_over_plain" in times:
+        print(f"time   final {times['final_over_plain']:.2f}x plain, compiled "
+              f"{times['final_compiled_over_plain']:.2f}x (plain forward of the batch "
+              f"{times['plain_s']:.1f} s; compile {times['compile_s']:.1f} s once)")
+        if all("above_model_gb" in memory[m] for m in ("plain", "final")):
+            ratio = memory["final"]["above_model_gb"] / memory["plain"]["above_model_gb"]
+            print(f"memory final {ratio:.2f}x plain above the model")
+    else:
+        print(f"time   {times['status']}: {times['stderr_tail']}")
+    if args.json:
+        import torch
+
+        out = {"model": "smollm2-135m (GGUF Q4_1, dequantised to float32)",
+               "corpus": "wikitext-2-test", "window_length": WINDOW, "batch_size": BATCH,
+               "threads": args.threads, "repeats": args.repeats, "memory": memory,
+               "time": times, "torch": torch.__version__, "python": platform.python_version(),
+               "machine": platform.machine(), "cpus": os.cpu_count(),
+               "date": time.strftime("%Y-%m-%d")}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
