@@ -70,22 +70,26 @@ def _assert_same(both, alone, where, *, exact_margin=True):
                 assert torch.equal(got, want), (*where, rule, name)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), g=st.sampled_from([1, 2]), group=st.sampled_from([1, 3]),
        q=st.integers(1, 6), t=st.integers(2, 48),
        grid=st.sampled_from([(1,), (1, 2, 4, 8), (2, 5, 40)]),
        sink=st.sampled_from([0.0, 3.0, 8.0]), ties=st.booleans(),
        bad=st.sampled_from([None, None, "sink_alpha", "sink_value", "other"]),
        distance=st.sampled_from(["euclidean", "cosine"]),
-       path=st.sampled_from(["direct", "gram"]))
+       path=st.sampled_from(["direct", "gram"]),
+       budget=st.sampled_from([None, 1, 20_000]))
 def test_both_universes_equal_one_pass_each(seed, g, group, q, t, grid, sink, ties, bad,
-                                            distance, path):
+                                            distance, path, budget):
+    """Also with the folded rows cut into pieces (a byte budget of one row, or a few),
+    the rows redone gathered from every piece into packs of their own."""
     q = min(q, t)
     alpha, values, positions, vis = _window(seed, g * group, g, q, t, 4, sink=sink,
                                             ties=ties, bad=bad)
     kw = dict(rules=RULES, distance=distance, visible=vis, query_positions=positions,
               repeats=3, seed=seed, path=path)
-    both = topn_metrics_variants(alpha, values, grid, **kw)
+    with kernels.temporaries(budget):
+        both = topn_metrics_variants(alpha, values, grid, **kw)
     assert list(both) == ["full", "no_sink"]
     for variant in ("full", "no_sink"):
         alone = topn_metrics_rules(alpha, values, grid, exclude_sink=variant == "no_sink",

@@ -595,7 +595,7 @@ def _pad_top(top: Tensor, nmax: int, num_keys: int) -> Tensor:
     return torch.cat([top, pad.expand(*top.shape[:-1], missing)], dim=-1)
 
 
-_REDO_PACKS = 8  # the sink-excluded rows redone go in packs of ceil(M / 8) rows, >= 2
+_REDO_PACKS = 24  # the sink-excluded rows redone go in packs of ceil(M / 24) rows, >= 2
 _GRAM_BYTES = 64 * 2**20  # the largest Gram matrix of a window the Gram path holds
 # one Gram-row element read and added by the compiled ``gram_sums`` costs about as much
 # as 4 multiply-adds of a float64 matrix product (measured on CPU, T = 1024, two threads)
@@ -687,33 +687,40 @@ def _metrics_rows(
                                         drop_first=sink_rows is not None)
         owns.append(own)
         if sink_rows is not None:
-            if rows_d is not None:
-                _redo_sink_rows(read_off, redo[:, sl], tuple(x[:, sl] for x in rows_d),
-                                stats, grid, nmax, distance, use_gram)
             read_offs.append(read_off)
 
     def joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-        return {name: fd.unfold(torch.cat([p[name] for p in parts], dim=1))
-                for name in parts[0]}
+        return {name: torch.cat([p[name] for p in parts], dim=1) if len(parts) > 1
+                else parts[0][name] for name in parts[0]}
 
-    return joined(owns), joined(read_offs) if read_offs else None
+    if not read_offs:
+        return {name: fd.unfold(x) for name, x in joined(owns).items()}, None
+    read_off = joined(read_offs)
+    if rows_d is not None:  # the rows redone, gathered from every piece: fewer packs
+        _redo_sink_rows(read_off, redo, rows_d, stats, grid, nmax, distance, use_gram,
+                        piece)
+    return ({name: fd.unfold(x) for name, x in joined(owns).items()},
+            {name: fd.unfold(x) for name, x in read_off.items()})
 
 
 def _redo_sink_rows(read_off: dict[str, Tensor], redo: Tensor, rows: tuple[Tensor, ...],
                     stats: ValueStats, grid: tuple[int, ...], nmax: int, distance: str,
-                    use_gram: bool) -> None:
+                    use_gram: bool, piece: int) -> None:
     """Overwrite, in ``read_off`` (G, M, NN), the sink-excluded metrics of the rows marked
     in ``redo`` (G, M) with a pass of their own over ``rows`` (their folded alpha,
-    universe and order)."""
+    universe and order), in packs of at most ``piece`` rows per kv head."""
     if not bool(redo.any()):
         return
     # each kv head's rows to redo first (stable: in row order), in packs of a width set
-    # by M alone, never by the data: a row's products then come from a call of the same
-    # shape whatever else the batch holds (pack slots past a head's count hold rows that
-    # are not redone; their results are dropped)
+    # by M (and the piece) alone, never by the data: a row's products then come from a
+    # call of the same shape whatever else the batch holds (pack slots past a head's
+    # count hold rows that are not redone; their results are dropped). Narrow packs:
+    # few rows hold the sink but those of the deterministic rules on a model with one
+    # (2 of 18 orders with final queries), and an unused slot costs a whole row.
     g, m = redo.shape
     count = redo.sum(-1, keepdim=True)
-    width = min(m, max(2, -(-m // _REDO_PACKS)))  # not 1: a size-1 dim is a new graph
+    # not 1: a size-1 dim is a new graph
+    width = min(m, max(2, min(piece, -(-m // _REDO_PACKS))))
     packs = -(-int(count.max()) // width)
     order = torch.argsort((~redo).to(torch.uint8), dim=-1, stable=True)
     if packs * width > m:
