@@ -197,3 +197,21 @@ def test_compiled_gram_sums_equal_plain():
             got = kernels.summing_gram()(gram, top.clamp_max(width - 1), a_top, steps, width)
         assert not kernels._STATE["broken"]
         assert torch.equal(want, got), width
+
+
+def test_blocks_stop_at_each_n_also_against_infinite_scores():
+    """The eager blocks compare the first N selected keys only: the slots past N hold
+    +inf, which an unselected +inf score would otherwise count as inversions."""
+    grid = (1, 2, 4)
+    close, universe, top = _rows(11, 3, 20, grid, 1000)
+    universe[:] = True
+    close[:, :, 5] = float("inf")  # an unselected key at +inf (key 5 is past top's 4)
+    top = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0], [1, 0, 3, 2]])
+    want = _reference(close, universe, top, grid)
+    for at_once in (1, 150, 2**21):
+        with mock.patch.object(kernels, "_COMPARED_AT_ONCE", at_once):
+            got = count_metrics(close, universe, top, grid)
+        for w, g in zip(want, got, strict=True):
+            assert torch.equal(w, g), at_once
+    for w, g in zip(want, count_metrics_fused(close, universe, top, grid), strict=True):
+        assert torch.equal(w, g)

@@ -51,3 +51,18 @@ def test_sampled_decay_tracks_the_census() -> None:
         est = float(sampled["cos_sum"][0, dist] / sampled["count"][0, dist])
         assert sampled["count"][0, dist] > 100
         assert abs(est - exact) < 0.05, (dist, est, exact)
+
+
+def test_the_sample_cached_per_length_is_never_handed_out() -> None:
+    """Callers get their own position tensors: one that wrote into them would otherwise
+    change the pairs of every later window of that length."""
+    from attngeom.core.pairs import sampled_pair_cosines
+
+    t = 1200
+    a, b = pair_sample(t)
+    a.zero_()
+    values = torch.randn(2, t, 4, dtype=torch.float64)
+    a2, b2, _, _ = sampled_pair_cosines(values, values.norm(dim=-1))
+    a2.zero_()
+    a3, b3 = pair_sample(t)
+    assert bool((a3 >= 1).all()) and torch.equal(b, b3) and torch.equal(b2, b3)

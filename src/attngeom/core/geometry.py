@@ -708,7 +708,8 @@ def _redo_sink_rows(read_off: dict[str, Tensor], redo: Tensor, rows: tuple[Tenso
                     use_gram: bool, piece: int) -> None:
     """Overwrite, in ``read_off`` (G, M, NN), the sink-excluded metrics of the rows marked
     in ``redo`` (G, M) with a pass of their own over ``rows`` (their folded alpha,
-    universe and order), in packs of at most ``piece`` rows per kv head."""
+    universe and order), in packs of at most ``piece`` rows per kv head (but at least
+    2: with pieces of one row a pack holds two)."""
     if not bool(redo.any()):
         return
     # each kv head's rows to redo first (stable: in row order), in packs of a width set

@@ -58,8 +58,9 @@ def compiling(enabled: bool) -> Iterator[None]:
 def temporaries(nbytes: int | None) -> Iterator[None]:
     """Inside the block the kernels cut their rows into chunks whose temporaries take
     about ``nbytes`` (``None``: each kernel's own default). The streaming pass sets it
-    from ``--memory-budget``; chunking never changes a result, only how many rows one
-    tensor operation holds."""
+    from ``--memory-budget``; chunking changes no count, only how many rows one tensor
+    operation holds (on the direct path a margin may move in its last bits: a float64
+    matrix product can round by its row count)."""
     saved = _STATE["temp_bytes"]
     _STATE["temp_bytes"] = None if nbytes is None else max(1, int(nbytes))
     try:
@@ -191,7 +192,7 @@ _LOOP_UP_TO = 32  # selected keys up to which eager inversions go one key at a t
 # comparisons one eager operation makes at most: a few selected keys at once when the
 # rows are few (one operation per key costs more than its work there), one key at a
 # time when they are many (a larger boolean temporary runs slower: measured on CPU)
-_COMPARED_AT_ONCE = 2**18
+_COMPARED_AT_ONCE = 2**16
 
 
 def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
@@ -226,8 +227,8 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[i
         u = unsel[:, c]
         if k <= _LOOP_UP_TO:
             count = torch.zeros(r, dtype=torch.int64, device=u.device)
-            for i in range(0, k, block):
-                hits = u[:, None, :] >= thresholds[:, c, i : i + block, None]
+            for i in range(0, k, block):  # never past k: the slots after are +inf
+                hits = u[:, None, :] >= thresholds[:, c, i : min(i + block, k), None]
                 count = count + hits.reshape(r, -1).sum(-1)
         else:
             ordered = torch.sort(thresholds[:, c, :k], dim=-1).values

@@ -72,7 +72,7 @@ def pair_sample(t: int, limit: int = PAIR_SAMPLE, device=None) -> tuple[Tensor, 
     [[1, 1, 2], [2, 3, 3]]
     """
     _, a, b, _ = _sample_cpu(int(t), int(limit))
-    return a.to(device), b.to(device)
+    return a.to(device, copy=True), b.to(device, copy=True)  # never the cached tensors
 
 
 def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
@@ -80,7 +80,9 @@ def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
     """``pair_sample`` of the window's T with float64 cosines (G, P) and whether both
     vectors are non-zero (G, P); ``values`` (G, T, d) float64, ``norms`` (G, T)."""
     dev = values.device
-    positions, a, b, entry = (x.to(dev) for x in _sample_cpu(int(values.shape[1]), int(limit)))
+    positions, a, b, entry = _sample_cpu(int(values.shape[1]), int(limit))
+    positions, entry = positions.to(dev), entry.to(dev)
+    a, b = a.to(dev, copy=True), b.to(dev, copy=True)  # the caller's: never the cached ones
     g = values.shape[0]
     sub = values.index_select(1, positions)  # (G, m, d)
     n = norms.index_select(1, positions)
