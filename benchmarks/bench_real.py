@@ -37,17 +37,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analysis import MODES, side_by_side  # noqa: E402
+from bench_analysis import Bench, side_by_side  # noqa: E402
 from bench_memory import MMAP_THRESHOLD, _reset_peak, _status_kb, _trim  # noqa: E402
 
 WINDOW, BATCH = 1024, 4
 MARK = "BENCH_REAL "
 
 
-class RealCase:
-    """The model, one batch of real windows, and the calls measured on them."""
+class RealCase(Bench):
+    """The model and one batch of real windows; the plain and eager forwards and the
+    analysis passes are ``Bench``'s, on these windows."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int) -> None:  # not Bench's: real windows, not random ids
         import torch
 
         from attngeom.assets import asset
@@ -63,33 +64,10 @@ class RealCase:
         documents = split_wikitext_articles(Path(self.corpus_path).read_text())
         self.windows = make_windows(documents, tokenizer, WINDOW, n_windows=BATCH)
         self.ids = torch.stack([w.input_ids for w in self.windows])
-
-    def plain(self) -> None:
-        import torch
-
-        with torch.inference_mode():
-            self.model(input_ids=self.ids)
-
-    def eager(self) -> None:
-        import torch
-
-        prev = self.model.config._attn_implementation
-        self.model.set_attn_implementation("eager")
-        try:
-            with torch.inference_mode():
-                self.model(input_ids=self.ids, output_attentions=True)
-        finally:
-            self.model.set_attn_implementation(prev)
+        self.T = WINDOW
 
     def final(self, compiled: bool = False) -> None:
-        from attngeom.config import AnalysisConfig
-        from attngeom.pipeline.analyses import AnalysisSet
-        from attngeom.pipeline.stream import stream_windows
-
-        cfg = AnalysisConfig(model="smollm2-135m", corpus="wikitext-2-test",
-                             window_length=WINDOW, batch_size=BATCH, bootstrap=0,
-                             compile="on" if compiled else "off", **MODES["final"])
-        stream_windows(self.model, self.layout, self.windows, cfg, AnalysisSet.create(cfg))
+        self.stream(self.config("final", compiled))
 
     def call(self, mode: str):
         return {"plain": self.plain, "eager": self.eager, "final": self.final}[mode]

@@ -158,8 +158,7 @@ def top_keys(score: Tensor, universe: Tensor, nmax: int, *, largest: bool = True
     def before(a: Tensor, b: Tensor) -> Tensor:
         return a > b if largest else a < b
 
-    apart = before(best[..., : wide - 1], best[..., 1:])  # (..., wide - 1)
-    if bool(apart[..., : nmax if wide > nmax else nmax - 1].all()):
+    if bool(before(best[..., : wide - 1], best[..., 1:]).all()):
         return indices[..., :nmax].contiguous()
     kth = best[..., nmax - 1 : nmax]
     equal = score == kth
@@ -690,8 +689,7 @@ def _metrics_rows(
             read_offs.append(read_off)
 
     def joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-        return {name: torch.cat([p[name] for p in parts], dim=1) if len(parts) > 1
-                else parts[0][name] for name in parts[0]}
+        return {name: torch.cat([p[name] for p in parts], dim=1) for name in parts[0]}
 
     if not read_offs:
         return {name: fd.unfold(x) for name, x in joined(owns).items()}, None
