@@ -50,9 +50,10 @@ def subset_size(limit: int = PAIR_SAMPLE) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The subset's positions (m,), the pairs' positions a < b (P,) each, and each
-    pair's entry i * m + j in the subset's flattened m x m matrices (P,)."""
+def _subset_cpu(t: int, limit: int) -> tuple[Tensor, Tensor]:
+    """The subset's positions (m,) and each pair's entry i * m + j (i < j) in the
+    subset's flattened m x m matrices (P,). Cached per T (the pairs' positions are not:
+    they are read off these two when asked, and a cache entry stays for the process)."""
     m = subset_size(limit)
     if t - 1 <= m:
         positions = torch.arange(1, max(t, 1))
@@ -60,7 +61,15 @@ def _sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         gen = torch.Generator().manual_seed(_SAMPLE_SEED ^ t)
         positions = torch.sort(torch.randperm(t - 1, generator=gen)[:m] + 1).values
     ia, ib = torch.triu_indices(positions.numel(), positions.numel(), offset=1)
-    return positions, positions[ia], positions[ib], ia * positions.numel() + ib
+    return positions, ia * positions.numel() + ib
+
+
+def _sample_cpu(t: int, limit: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``_subset_cpu``'s positions and entries, with the pairs' positions a < b (P,) each
+    between them (fresh tensors)."""
+    positions, entry = _subset_cpu(t, limit)
+    m = positions.numel()
+    return positions, positions[entry // m], positions[entry % m], entry
 
 
 def pair_sample(t: int, limit: int = PAIR_SAMPLE, device=None) -> tuple[Tensor, Tensor]:
@@ -72,7 +81,7 @@ def pair_sample(t: int, limit: int = PAIR_SAMPLE, device=None) -> tuple[Tensor, 
     [[1, 1, 2], [2, 3, 3]]
     """
     _, a, b, _ = _sample_cpu(int(t), int(limit))
-    return a.to(device, copy=True), b.to(device, copy=True)  # never the cached tensors
+    return a.to(device), b.to(device)  # fresh, never cached
 
 
 def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
@@ -81,8 +90,7 @@ def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
     vectors are non-zero (G, P); ``values`` (G, T, d) float64, ``norms`` (G, T)."""
     dev = values.device
     positions, a, b, entry = _sample_cpu(int(values.shape[1]), int(limit))
-    positions, entry = positions.to(dev), entry.to(dev)
-    a, b = a.to(dev, copy=True), b.to(dev, copy=True)  # the caller's: never the cached ones
+    positions, entry, a, b = positions.to(dev), entry.to(dev), a.to(dev), b.to(dev)
     g = values.shape[0]
     sub = values.index_select(1, positions)  # (G, m, d)
     n = norms.index_select(1, positions)

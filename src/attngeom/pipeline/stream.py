@@ -100,7 +100,8 @@ def stream_windows(
 
     Each window analyses its own content positions; a forward batch captures the union
     of its windows' rows and hands each window only its own. Value statistics live for
-    one layer at a time, so nothing of size T x T outlives its layer (method §11).
+    one layer's attention call at a time: they are dropped with its last query chunk, so
+    neither they nor anything of size T x T sits through the layer's MLP (method §11).
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
     with the number of windows each batch finished.
     """
@@ -111,6 +112,7 @@ def stream_windows(
     current: list = []
     own_rows: list[torch.Tensor] = []
     cache: dict[str, object] = {}
+    last_row = [-1]  # the batch's last analysed position: its chunk ends a layer
 
     def consume(cap) -> None:
         stats.layers_seen.add(cap.layer)
@@ -143,6 +145,8 @@ def stream_windows(
             ))
         if batches:
             accumulators.update_many(batches)
+        if int(chunk[-1]) == last_row[0]:  # the layer's last chunk: its stats go now, not
+            cache.clear()  # at the next layer (they would sit through this layer's MLP)
 
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (method §11)
@@ -156,6 +160,7 @@ def stream_windows(
             current[:] = windows[i : i + config.batch_size]
             own_rows[:] = window_rows(config, current, layout.is_causal)
             union = torch.unique(torch.cat(own_rows))
+            last_row[:] = [int(union[-1])] if union.numel() else [-1]
             if union.numel() == 0:
                 stats.windows += len(current)
                 if progress is not None:
