@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -124,6 +125,44 @@ def _windows(seed: int, count: int, t: int = 24, vocab: int = 5):
 
 def _equal(a: dict, b: dict) -> None:
     assert_columns_equal(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_merged_shards_fold_their_windows_and_still_equal_one_run() -> None:
+    """A run merges one accumulator per window batch: the merged state keeps per-token
+    occurrence counts, not every window's (H, T) pair flags and tokens, and a merge of
+    merged accumulators (and of old shards that hold every window unfolded) is exact."""
+    wins = _windows(5, 6, vocab=4)
+    kw = {"min_share": 0.0, "min_lift": 1.0, "min_distance": 3}
+    whole = SinkAccumulator([1, 2, 8], **kw)
+    units = []
+    for w, (v, a, q, tok) in enumerate(wins):
+        unit = SinkAccumulator([1, 2, 8], **kw)
+        for layer in (0, 1):
+            for part in torch.tensor_split(torch.arange(q.numel()), 2):
+                for acc in (whole, unit):
+                    acc.update(batch_of(v, a[:, part], q[part], window=w, layer=layer,
+                                        tokens=tok))
+        units.append(unit)
+    old = units[5]  # as pickled before the folding existed: no folded state at all
+    for name in ("_occ", "_occ0", "_firsts", "_folded"):
+        del old.__dict__[name]
+    units[5] = pickle.loads(pickle.dumps(old))
+    left, right = SinkAccumulator([1, 2, 8], **kw), SinkAccumulator([1, 2, 8], **kw)
+    for unit in units[:3]:
+        left.merge(unit)
+    for unit in units[3:]:
+        right.merge(unit)
+    run = SinkAccumulator([1, 2, 8], **kw).merge(left).merge(right)
+    for acc in (left, right, run):
+        assert acc._has_pair == {} and acc._window_tokens == {}
+    want = whole.compute()
+    assert (want["sink_tokens"]["position"] == -1).sum() > 0
+    for got in (run.compute(), pickle.loads(pickle.dumps(run)).compute()):
+        _equal(got["sink"], want["sink"])
+        _equal(got["sink_tokens"], want["sink_tokens"])
+    v, a, q, tok = wins[0]
+    with pytest.raises(ConfigError, match="window 0: it came from another shard"):
+        run.update(batch_of(v, a, q, window=0, layer=0, tokens=tok))
 
 
 def test_merge_and_chunks_equal_one_run() -> None:

@@ -186,10 +186,11 @@ def sink_pair_sums(
 class _TokenSums:
     """Per layer, sums by token id: sorted ``ids`` (U,) and (H, U) arrays, merged lazily."""
 
-    def __init__(self, num_heads: int) -> None:
+    def __init__(self, num_heads: int, names: tuple[str, ...] = ("share", "uniform", "pairs")
+                 ) -> None:
         self.num_heads = num_heads
         self.ids = np.zeros(0, dtype=np.int64)
-        self.sums = {k: np.zeros((num_heads, 0)) for k in ("share", "uniform", "pairs")}
+        self.sums = {k: np.zeros((num_heads, 0)) for k in names}
         self.pending: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
 
     def add(self, ids: np.ndarray, sums: dict[str, np.ndarray]) -> None:
@@ -239,9 +240,16 @@ class SinkAccumulator(Accumulator):
         self._windows: dict[tuple[int, int], _SinkWindow] = {}
         self._heads: dict[int, int] = {}
         self._tokens: dict[int, _TokenSums] = {}
-        # per (layer, window): (H, T) bool "key has a counted pair", and window tokens
+        # per (layer, window) updated here: (H, T) bool "key has a counted pair" (the union
+        # over the window's chunks, which may come in any order), and window tokens;
+        # ``merge`` folds another shard's into the occurrence counts below, so a run's
+        # merged state does not grow as windows x T
         self._has_pair: dict[tuple[int, int], np.ndarray] = {}
         self._window_tokens: dict[int, np.ndarray] = {}
+        self._occ: dict[int, _TokenSums] = {}  # per layer, folded occurrences by token
+        self._occ0: dict[int, np.ndarray] = {}  # per layer, folded occurrences of key 0
+        self._firsts: set[int] = set()  # position 0's token ids of the folded windows
+        self._folded: set[int] = set()  # windows merged in (never updated here again)
         # per layer, position 0 alone: share, uniform, pairs sums (H,)
         self._zero: dict[int, dict[str, np.ndarray]] = {}
 
@@ -250,10 +258,20 @@ class SinkAccumulator(Accumulator):
         if known != num_heads:
             raise ConfigError(f"layer {layer}: expected {known} heads, got {num_heads}")
 
+    def __setstate__(self, state: dict) -> None:
+        """Shards pickled before the occurrence folding hold every window unfolded."""
+        self.__dict__.update(state)
+        for name, empty in (("_occ", dict), ("_occ0", dict), ("_firsts", set),
+                            ("_folded", set)):
+            self.__dict__.setdefault(name, empty())
+
     def update(self, batch: AttentionBatch) -> None:
         """Add one query chunk of one (window, layer)."""
         h = batch.num_heads
         self._check_heads(batch.layer, h)
+        if batch.window in self._folded:
+            raise ConfigError(f"window {batch.window}: it came from another shard through "
+                              "merge; every chunk of a window goes to one accumulator")
         key = (batch.layer, batch.window)
         win = self._windows.get(key)
         if win is None:
@@ -318,9 +336,30 @@ class SinkAccumulator(Accumulator):
                                                       for k, v in zero.items()})
             for k, v in zero.items():
                 mine_zero[k] += v
-        self._has_pair.update({k: v.copy() for k, v in other._has_pair.items()})
-        self._window_tokens.update(other._window_tokens)
+        for (layer, window), seen in other._has_pair.items():  # complete: disjoint windows
+            self._fold(layer, seen, other._window_tokens[window])
+        for layer, ts in other._occ.items():
+            ts.consolidate()
+            self._folded_sums(layer, ts.num_heads).add(
+                ts.ids.copy(), {k: v.copy() for k, v in ts.sums.items()})
+        for layer, occ0 in other._occ0.items():
+            self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
+        self._firsts |= other._firsts | {int(t[SINK]) for t in other._window_tokens.values()}
+        self._folded |= other._folded | set(other._window_tokens)
         return self
+
+    def _folded_sums(self, layer: int, num_heads: int) -> _TokenSums:
+        return self._occ.setdefault(layer, _TokenSums(num_heads, ("occurrences",)))
+
+    def _fold(self, layer: int, seen: np.ndarray, tokens: np.ndarray) -> None:
+        """Add one finished (layer, window)'s keys with a counted pair to the occurrence
+        counts by token id (what ``_occurrences`` reads)."""
+        h = seen.shape[0]
+        self._occ0[layer] = self._occ0.get(layer, 0.0) + seen[:, SINK]
+        ids, inverse = np.unique(tokens[1:], return_inverse=True)
+        occ = np.zeros((h, ids.size))
+        np.add.at(occ, (slice(None), inverse.reshape(-1)), seen[:, 1:].astype(np.float64))
+        self._folded_sums(layer, h).add(ids, {"occurrences": occ})
 
     def _n_windows(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -358,7 +397,11 @@ class SinkAccumulator(Accumulator):
     def _occurrences(self, layer: int, ids: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
         """(H, U) key occurrences of each token with a counted pair, and (H,) for position 0."""
         occ = np.zeros((h, ids.size))
-        occ0 = np.zeros(h)
+        occ0 = np.zeros(h) + self._occ0.get(layer, 0.0)
+        folded = self._occ.get(layer)
+        if folded is not None:  # folded token ids are among ``ids`` (every pair's token)
+            folded.consolidate()
+            occ[:, np.searchsorted(ids, folded.ids)] += folded.sums["occurrences"]
         for (lay, window), seen in self._has_pair.items():
             if lay != layer:
                 continue
@@ -374,7 +417,7 @@ class SinkAccumulator(Accumulator):
         listed token (``position`` -1), by token id."""
         cols: dict[str, list[np.ndarray]] = {c: [] for c in SINK_TOKEN_COLUMNS}
         n_windows = self._n_windows()
-        firsts = {int(t[SINK]) for t in self._window_tokens.values()}
+        firsts = {int(t[SINK]) for t in self._window_tokens.values()} | self._firsts
         first_id = firsts.pop() if len(firsts) == 1 else MIXED_TOKEN
         for layer in sorted(self._tokens):
             ts = self._tokens[layer]
