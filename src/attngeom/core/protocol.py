@@ -8,7 +8,9 @@ bootstrap needs) and calls pure kernels on each ``AttentionBatch``:
 - ``update_many(batches)``: the windows of one forward batch at one layer (an
   accumulator that can stack them overrides it; by default a loop over ``update``);
 - ``merge(other)``: add another shard's state (disjoint windows) exactly, return self,
-  so that shards merged equal one run over all of them;
+  so that shards merged equal one run over all of them; the other shard's windows are
+  finished, so state kept per window only to finish it (the sink's per-key flags) is
+  folded into summaries there, and a run's merged state does not grow as windows x T;
 - ``compute()``: ``{table name: {column: array}}`` for every name in ``tables``.
 
 ``pipeline/analyses.py`` registers one accumulator per analysis; ``docs/extending.md``
