@@ -161,8 +161,15 @@ def test_merged_shards_fold_their_windows_and_still_equal_one_run() -> None:
         _equal(got["sink"], want["sink"])
         _equal(got["sink_tokens"], want["sink_tokens"])
     v, a, q, tok = wins[0]
-    with pytest.raises(ConfigError, match="window 0: it came from another shard"):
-        run.update(batch_of(v, a, q, window=0, layer=0, tokens=tok))
+    with pytest.raises(ConfigError, match="window 0, layer 1: it came from another shard"):
+        run.update(batch_of(v, a, q, window=0, layer=1, tokens=tok))
+    # also a window merged without tokens (nothing per key kept), and per (layer, window)
+    shard = SinkAccumulator([1, 2, 8], **kw)
+    shard.update(batch_of(v, a, q, window=7, layer=0))
+    run.merge(shard)
+    with pytest.raises(ConfigError, match="window 7, layer 0"):
+        run.update(batch_of(v, a, q, window=7, layer=0))
+    run.update(batch_of(v, a, q, window=7, layer=1))
 
 
 def test_merge_and_chunks_equal_one_run() -> None:

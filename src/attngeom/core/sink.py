@@ -249,7 +249,7 @@ class SinkAccumulator(Accumulator):
         self._occ: dict[int, _TokenSums] = {}  # per layer, folded occurrences by token
         self._occ0: dict[int, np.ndarray] = {}  # per layer, folded occurrences of key 0
         self._firsts: set[int] = set()  # position 0's token ids of the folded windows
-        self._folded: set[int] = set()  # windows merged in (never updated here again)
+        self._folded: set[tuple[int, int]] = set()  # (layer, window)s merged in
         # per layer, position 0 alone: share, uniform, pairs sums (H,)
         self._zero: dict[int, dict[str, np.ndarray]] = {}
 
@@ -269,10 +269,11 @@ class SinkAccumulator(Accumulator):
         """Add one query chunk of one (window, layer)."""
         h = batch.num_heads
         self._check_heads(batch.layer, h)
-        if batch.window in self._folded:
-            raise ConfigError(f"window {batch.window}: it came from another shard through "
-                              "merge; every chunk of a window goes to one accumulator")
         key = (batch.layer, batch.window)
+        if key in self._folded:
+            raise ConfigError(f"window {batch.window}, layer {batch.layer}: it came from "
+                              "another shard through merge; every chunk of a window's layer "
+                              "goes to one accumulator")
         win = self._windows.get(key)
         if win is None:
             kv = batch.kv_of_head.cpu()
@@ -345,7 +346,7 @@ class SinkAccumulator(Accumulator):
         for layer, occ0 in other._occ0.items():
             self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
         self._firsts |= other._firsts | {int(t[SINK]) for t in other._window_tokens.values()}
-        self._folded |= other._folded | set(other._window_tokens)
+        self._folded |= other._folded | set(other._windows)
         return self
 
     def _folded_sums(self, layer: int, num_heads: int) -> _TokenSums:
