@@ -15,7 +15,10 @@ analysis interleaved):
 * ``all_attention_random2``: every query, the attention rule and 2 random repeats
   (metrics only), over the eager forward;
 * ``kernel``: ``topn_metrics`` against ``naive_metrics.naive_topn`` (loops that
-  materialise y = alpha v) on the same captured rows, and whether they agree.
+  materialise y = alpha v) on the same captured rows, and whether they agree; beside
+  it, the float64 product ``V s_N`` of the same shapes alone (the work the direct path
+  cannot skip), so ``naive_over_product`` is the ratio the kernel would reach if
+  selection, counting and everything else cost nothing.
 
 Each ``final``/``all`` row is measured with the plain kernels and, with ``--compile``,
 with ``torch.compile``; compile time is measured on the first call and reported apart.
@@ -171,14 +174,28 @@ def kernel_vs_naive(bench: Bench, n_rows: int, repeats: int) -> dict:
         fast()
         t_compiled = statistics.median(_time(fast) for _ in range(repeats))
         f_compiled = fast().f_score[0]
+    t_product = _product_alone(values, alpha.shape[0], n_rows, len(GRID), repeats)
     ref = got["ref"]
     same = ((f - ref).abs() <= 1e-9) | (ref.isnan() & f.isnan())
     return {"heads": int(alpha.shape[0]), "rows": n_rows, "window_length": bench.T,
             "grid": list(GRID), "fast_s": t_fast, "naive_s": t_naive,
             "naive_over_fast": t_naive / t_fast, "fast_compiled_s": t_compiled,
             "naive_over_fast_compiled": t_naive / t_compiled,
+            "product_s": t_product, "naive_over_product": t_naive / t_product,
             "compiled_equal": bool(torch.equal(f.nan_to_num(-1.0), f_compiled.nan_to_num(-1.0))),
             "f_score_agreement": float(same.double().mean())}
+
+
+def _product_alone(values, heads: int, n_rows: int, nn: int, repeats: int) -> float:
+    """Seconds of the direct path's float64 ``<v_u, s_N>`` product alone, (G, M NN, d) x
+    (G, d, T) with M = the rows of a kv group, on random aggregates of the same shape."""
+    v = values.double()
+    g, _, d = v.shape
+    s = torch.randn(g, heads // g * n_rows * nn, d, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(0))
+    vt = v.transpose(-1, -2)
+    torch.matmul(s, vt)
+    return statistics.median(_time(lambda: torch.matmul(s, vt)) for _ in range(max(3, repeats)))
 
 
 def run_model(name: str, model, lengths, modes, repeats: int, compile_too: bool) -> list[dict]:
@@ -236,7 +253,8 @@ def main() -> None:
     print(f"metric kernel: {k['heads']} heads x {k['rows']} rows x T={k['window_length']}, "
           f"N in {k['grid']}: naive loop {k['naive_over_fast']:.0f}x slower than topn_metrics "
           f"({k['naive_over_fast_compiled']:.0f}x compiled; F_N equal on "
-          f"{k['f_score_agreement']:.1%} of rows)")
+          f"{k['f_score_agreement']:.1%} of rows); the float64 product V s_N alone: "
+          f"{k['naive_over_product']:.0f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print(f"written {args.json}")
