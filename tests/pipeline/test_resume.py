@@ -184,3 +184,50 @@ def test_a_failed_process_group_leaves_its_shards_for_a_resume(reference, tmp_pa
     counts = read_manifest(out)["counts"]
     assert counts["redone_shards"] == 0  # every shard the group left was whole
     assert done <= counts["resumed_windows"] < 24
+
+
+def test_resumed_shards_are_read_one_unit_at_a_time(tmp_path, monkeypatch):
+    """A resumed run checks every shard up front but unpickles each as its unit comes,
+    so it holds one unit's state at a time (not every finished unit's at once)."""
+    import attngeom.results.state as state
+    from attngeom.pipeline.runner import RunContext, units_of
+    from attngeom.pipeline.windows import Window
+    from attngeom.results.state import ShardStore
+
+    windows = [Window(i, None) for i in range(4)]
+    units = units_of(windows, 1)
+    store = ShardStore(tmp_path, "f" * 16, command="analyze", resume_key={})
+    for u in units[:3]:
+        store.save("analyze", u.index, u.window_ids, {"unit": u.index})
+    store.path("analyze", 1).write_bytes(b"torn")  # damaged: redone, counted
+    ctx = RunContext(config=None, tokenizer=None, windows=windows, corpus_info=None,
+                     policy=None, progress=False, store=store)
+    loads = []
+    real = state.pickle.loads
+    monkeypatch.setattr(state.pickle, "loads", lambda data: loads.append(1) or real(data))
+    computed = []
+    got = ctx.run_units("analyze", units, lambda u: computed.append(u.index) or {"unit": u.index},
+                        desc="t")
+    assert next(got) == {"unit": 0} and len(loads) == 1  # only unit 0 unpickled so far
+    assert [p["unit"] for p in got] == [1, 2, 3]
+    assert computed == [1, 3] and len(loads) == 2 and ctx.counts["redone_shards"] == 1
+    assert ctx.counts["resumed_windows"] == 2
+
+
+def test_a_shard_damaged_after_the_check_stops_the_run(tmp_path):
+    from attngeom.pipeline.runner import RunContext, units_of
+    from attngeom.pipeline.windows import Window
+    from attngeom.results.state import ShardStore
+
+    windows = [Window(i, None) for i in range(2)]
+    units = units_of(windows, 1)
+    store = ShardStore(tmp_path, "f" * 16, command="analyze", resume_key={})
+    for u in units:
+        store.save("analyze", u.index, u.window_ids, {"unit": u.index})
+    ctx = RunContext(config=None, tokenizer=None, windows=windows, corpus_info=None,
+                     policy=None, progress=False, store=store)
+    got = ctx.run_units("analyze", units, lambda u: {"unit": u.index}, desc="t")
+    assert next(got) == {"unit": 0}
+    store.path("analyze", 1).write_bytes(b"torn")
+    with pytest.raises(RunDirError, match="unit 1 of stage analyze: its shard was sound"):
+        next(got)

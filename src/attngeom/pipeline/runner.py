@@ -147,17 +147,18 @@ class RunContext:
         process computes the others it owns (all of them without data parallelism),
         saving each to its shard as soon as it is done. With several processes the
         results are read from the shards once every process has finished the stage.
-        Progress counts ``weight(unit)`` per unit, resumed units included.
+        Progress counts ``weight(unit)`` per unit, resumed units included. Shards are
+        checked up front but unpickled one at a time, as their unit comes: a resumed
+        run holds one unit's state at a time, as an uninterrupted one does.
         """
         from attngeom.pipeline.progress import Progress
 
         store, dist = self.store, self.dist
-        done = {}
+        done = set()
         for u in units:
-            if store is not None:
-                ok, payload = store.load(stage, u.index, u.window_ids)
-                if ok:
-                    done[u.index] = payload
+            if store is not None and store.load(stage, u.index, u.window_ids,
+                                                payload=False)[0]:
+                done.add(u.index)
         resumed = sum(weight(u) for u in units if u.index in done)
         self.counts[f"resumed_{unit}s"] = self.counts.get(f"resumed_{unit}s", 0) + resumed
         total = sum(weight(u) for u in units)
@@ -167,7 +168,7 @@ class RunContext:
             for u in units:
                 if u.index in done:
                     if dist.world == 1:
-                        yield done.pop(u.index)
+                        yield self._resumed(stage, u)
                     continue
                 if not dist.owns(u.index):
                     continue
@@ -188,6 +189,13 @@ class RunContext:
                     raise RunDirError(f"unit {u.index} of stage {stage} has no shard after "
                                       "every process finished; run the command again")
                 yield payload
+
+    def _resumed(self, stage: str, u: Unit):
+        ok, payload = self.store.load(stage, u.index, u.window_ids)
+        if not ok:
+            raise RunDirError(f"unit {u.index} of stage {stage}: its shard was sound when the "
+                              "run started and is not now; run the command again")
+        return payload
 
     @property
     def model_label(self) -> str:

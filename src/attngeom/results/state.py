@@ -132,8 +132,10 @@ class ShardStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         return _atomic_write(path, lambda f: f.write(MAGIC + header + b"\n" + data))
 
-    def load(self, stage: str, unit: int, windows: list[int]) -> tuple[bool, Any]:
-        """``(True, payload)`` for a sound shard of this unit, ``(False, None)`` otherwise.
+    def load(self, stage: str, unit: int, windows: list[int], *,
+             payload: bool = True) -> tuple[bool, Any]:
+        """``(True, payload)`` for a sound shard of this unit, ``(False, None)`` otherwise
+        (with ``payload=False`` the shard is checked but not unpickled: ``(True, None)``).
 
         A damaged shard is removed (and counted in ``torn``); a sound one from another
         configuration or for other windows is an error: the directory mixes runs.
@@ -162,4 +164,4 @@ class ShardStore:
                 f"{str(header.get('fingerprint'))[:12]}, windows {header.get('windows')}); "
                 "it cannot be merged into this run"
             )
-        return True, pickle.loads(data)
+        return True, (pickle.loads(data) if payload else None)
