@@ -194,8 +194,9 @@ class AnalysisConfig(RunConfig):
                                   "batch; sets the query chunk when --chunk-size is not given",
                                   fingerprint=False)
     compile: str = option("auto", help="torch.compile the exact kernels: on, off, or auto "
-                          "(on for all/stride queries on a GPU, for all or stride:k with "
-                          "k <= 4 on CPU); tables are identical either way",
+                          "(on for all/stride queries on a GPU, for all, stride:k with "
+                          "k <= 4, or final queries over >= 256 windows on CPU); tables "
+                          "are identical either way",
                           fingerprint=False)
     bootstrap: int = option(1000, help="window-bootstrap replicates of the intervals and the "
                             "label stability (0: none)")

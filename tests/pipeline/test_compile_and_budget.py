@@ -126,8 +126,34 @@ def test_compile_choice_is_validated_and_auto_follows_the_rows(monkeypatch) -> N
     assert kernels.resolve_compile("auto", device="cpu", query_mode="stride:4")
     assert not kernels.resolve_compile("auto", device="cpu", query_mode="stride:16")
     assert not kernels.resolve_compile("auto", device="cpu", query_mode="final")
+    # final queries: on CPU over a long run only (compiling saves about a tenth)
+    many = kernels.FINAL_COMPILE_WINDOWS
+    assert kernels.resolve_compile("auto", device="cpu", query_mode="final", run_windows=many)
+    assert not kernels.resolve_compile("auto", device="cpu", query_mode="final",
+                                       run_windows=many - 1)
+    assert not kernels.resolve_compile("auto", device="cuda", query_mode="final",
+                                       run_windows=many)
     assert kernels.resolve_compile("auto", device="cuda:0", query_mode="stride:4")
     assert not kernels.resolve_compile("auto", device="cuda", query_mode="final")
     assert kernels.resolve_compile("on", device="cpu", query_mode="final")
     monkeypatch.setenv("ATTNGEOM_COMPILE", "0")
     assert not kernels.resolve_compile("auto", device="cpu", query_mode="all")
+
+
+def test_auto_compile_weighs_the_runs_windows_not_a_batchs(stories, monkeypatch, tmp_path):
+    """``final`` queries under ``--compile auto``: the stream is told the whole run's
+    window count (here 3, in batches of one), which decides whether to compile."""
+    import attngeom.pipeline.stream as stream
+
+    seen = []
+    real = stream.resolve_compile
+
+    def spy(choice, **kw):
+        seen.append(kw["run_windows"])
+        return real(choice, **kw)
+
+    monkeypatch.setattr(stream, "resolve_compile", spy)
+    cfg = AnalysisConfig(model=str(STORIES_PATH), window_length=40, n_windows=3,
+                         batch_size=1, bootstrap=0, n_grid=(1, 2), compile="auto")
+    run_analysis(cfg, tmp_path / "r", progress=False, model_and_tokenizer=stories)
+    assert seen == [3, 3, 3]

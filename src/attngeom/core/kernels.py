@@ -96,24 +96,35 @@ def window_bytes(nbytes: int) -> int:
     return int(nbytes) * _STATE["windows"]
 
 
-def resolve_compile(choice: str, *, device: str, query_mode: str) -> bool:
+# ``final`` runs of at least this many windows compile on CPU under ``auto``: compiling
+# saves 7-12% of such a run (0.2-0.5 s a window at T = 512-1024 on two cores, the
+# benchmark model and SmolLM2), which repays the compile (about 6 s with a warm inductor
+# cache, about a minute with an empty one) by about 256 windows
+FINAL_COMPILE_WINDOWS = 256
+
+
+def resolve_compile(choice: str, *, device: str, query_mode: str,
+                    run_windows: int | None = None) -> bool:
     """``on``/``off`` as given; ``auto``: the ``ATTNGEOM_COMPILE`` variable where it is
     set, else on for many query rows: ``all`` or ``stride:k`` queries on a GPU, and on
-    CPU ``all`` or a stride of at most 4.
+    CPU ``all``, a stride of at most 4, or ``final`` queries in a run of at least
+    ``FINAL_COMPILE_WINDOWS`` windows (``run_windows``: the run's, not one batch's).
 
     Compiling costs seconds to tens of seconds once (the C++ backend on CPU is the
-    slowest); it pays back where the per-row work dominates. On CPU that is where the
-    Gram path sums rows of the Gram matrix (``gram_sums``), which runs about six times
-    faster compiled; a sparse stride or ``final`` queries stay off (pass ``on`` for a
-    long run). The tables are the same either way.
+    slowest); it pays back where the per-row work dominates or the run is long. On CPU
+    the Gram path's row sums (``gram_sums``) run about six times faster compiled; with
+    ``final`` queries the whole run gains about a tenth, worth it only over many
+    windows; a sparse stride stays off (pass ``on`` for a long run). The tables are the
+    same either way.
     """
     if choice in ("on", "off"):
         return choice == "on"
     if os.environ.get("ATTNGEOM_COMPILE"):
         return _STATE["enabled"]
+    on_cpu = str(device).startswith("cpu")
     if query_mode == "final":
-        return False
-    if not str(device).startswith("cpu"):
+        return on_cpu and run_windows is not None and run_windows >= FINAL_COMPILE_WINDOWS
+    if not on_cpu:
         return True
     return query_mode == "all" or (query_mode.startswith("stride:")
                                    and int(query_mode.split(":", 1)[1]) <= 4)

@@ -32,7 +32,8 @@ def analyze_windows(ctx: RunContext, config, windows, *, stage: str = "analyze",
 
     def process(unit):
         part = AnalysisSet.create(config, context)
-        stream = stream_windows(ctx.model, ctx.layout, list(unit.windows), config, part)
+        stream = stream_windows(ctx.model, ctx.layout, list(unit.windows), config, part,
+                                run_windows=len(windows))
         return {"accumulators": part.items, "stream": stream}
 
     analyses = AnalysisSet.create(config, context)

@@ -95,6 +95,7 @@ def stream_windows(
     accumulators,
     *,
     progress: Callable[[int], None] | None = None,
+    run_windows: int | None = None,
 ) -> StreamStats:
     """Run every window through the model once and feed each layer to the accumulators.
 
@@ -103,7 +104,9 @@ def stream_windows(
     one layer's attention call at a time: they are dropped with its last query chunk, so
     neither they nor anything of size T x T sits through the layer's MLP (method §11).
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
-    with the number of windows each batch finished.
+    with the number of windows each batch finished. ``run_windows`` (default: these
+    windows) is the whole run's count, which ``--compile auto`` weighs for ``final``
+    queries.
     """
     from attngeom.capture import capture_attention, input_device
 
@@ -153,7 +156,9 @@ def stream_windows(
     num_tokens = int(windows[0].input_ids.shape[-1]) if windows else 1
     chunk = chunk_rows(config, layout.num_heads, num_tokens)
     use_compile = resolve_compile(getattr(config, "compile", "off"), device=str(device),
-                                  query_mode=getattr(config, "query_mode", "final"))
+                                  query_mode=getattr(config, "query_mode", "final"),
+                                  run_windows=len(windows) if run_windows is None
+                                  else run_windows)
     with torch.inference_mode(), compiling(use_compile), \
             temporaries(kernel_budget(config, layout, num_tokens)):
         for i in range(0, len(windows), config.batch_size):
