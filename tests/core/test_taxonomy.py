@@ -315,3 +315,35 @@ def test_stability_is_nan_without_bootstrap_and_bad_options() -> None:
         TaxonomyAccumulator(counted="late")
     with pytest.raises(ConfigError, match="counted, rule"):
         TaxonomyAccumulator(rule="single").merge(TaxonomyAccumulator(rule="lumped"))
+
+
+def _resampled_top_whole(sources_w, weights, num_heads):
+    """The resampled n_top straight from the definition: every (resample, source) sum."""
+    rows = np.concatenate([r for _, r in sources_w])
+    cols = np.concatenate([np.full(len(r), w) for w, r in sources_w])
+    out = np.zeros((weights.shape[0], num_heads))
+    for key in {tuple(x) for x in rows[:, :3].tolist()}:
+        mine = (rows[:, :3] == key).all(1)
+        total = weights[:, cols[mine]] @ rows[mine, 3].astype(np.float64)
+        out[:, key[0]] = np.maximum(out[:, key[0]], total)
+    return out
+
+
+@pytest.mark.parametrize("elements", [1, 7, 64, 2**22])
+def test_resampled_top_in_blocks_equals_the_definition(elements, monkeypatch) -> None:
+    """The resampled counts come in blocks of source rows (a corpus of ``all`` queries
+    has millions); any block size gives the definition's numbers exactly."""
+    from attngeom.core import taxonomy
+
+    monkeypatch.setattr(taxonomy, "_RESAMPLE_ELEMENTS", elements)
+    rng = np.random.default_rng(elements)
+    h, w_count = 3, 9
+    sources = []
+    for w in range(w_count):
+        n = int(rng.integers(0, 12))
+        rows = np.stack([rng.integers(0, h, n), rng.integers(0, 2, n),
+                         rng.integers(-4, 5, n), rng.integers(1, 6, n)], 1)
+        sources.append((w, rows.astype(np.int64)))
+    weights = rng.integers(0, 3, (11, w_count)).astype(np.float64)
+    got = taxonomy._resampled_top(sources, weights, h, chunk=4)
+    assert np.array_equal(got, _resampled_top_whole(sources, weights, h))

@@ -238,13 +238,19 @@ def _best_source(sources: np.ndarray, num_heads: int):
     return best_n, best_kind, best_key
 
 
+_RESAMPLE_ELEMENTS = 2**22  # (resamples x source rows) products held at once: 32 MB
+
+
 def _resampled_top(sources_w: list[tuple[int, np.ndarray]], weights: np.ndarray,
                    num_heads: int, chunk: int = 128) -> np.ndarray:
     """(B, H) count of the most frequent other source in each window resample.
 
     ``sources_w`` pairs each window's column in ``weights`` (B, W) with its (S, 4) rows
     (head, kind, key, count); a resample's count of a source is the weighted sum of
-    the windows' counts, its n_top the largest over offsets and positions.
+    the windows' counts, its n_top the largest over offsets and positions. The rows go
+    through in blocks (a whole corpus of ``all`` queries has millions), so memory holds
+    ``chunk`` x (distinct sources) sums and ``_RESAMPLE_ELEMENTS`` products; the sums
+    are of integers (multiplicities times counts), exact in float64 in any order.
     """
     b = weights.shape[0]
     out = np.zeros((b, num_heads))
@@ -257,11 +263,17 @@ def _resampled_top(sources_w: list[tuple[int, np.ndarray]], weights: np.ndarray,
     keys, inverse = np.unique(rows[:, :3], axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(inverse[order])) + 1]
     head_of_key = keys[:, 0]
+    sorted_keys = inverse[order]
+    block = max(1, _RESAMPLE_ELEMENTS // chunk)
     for s in range(0, b, chunk):
-        vals = weights[s : s + chunk][:, cols[order]] * rows[order, 3][None, :]
-        per_key = np.add.reduceat(vals, starts, axis=1)  # (b', K)
+        w = weights[s : s + chunk]
+        per_key = np.zeros((w.shape[0], len(keys)))  # (b', K)
+        for r in range(0, len(order), block):
+            o, k = order[r : r + block], sorted_keys[r : r + block]
+            firsts = np.r_[0, np.flatnonzero(np.diff(k)) + 1]  # each key's first row here
+            vals = w[:, cols[o]] * rows[o, 3][None, :]
+            per_key[:, k[firsts]] += np.add.reduceat(vals, firsts, axis=1)
         best = np.zeros((per_key.shape[0], num_heads))
         np.maximum.at(best.T, head_of_key, per_key.T)
         out[s : s + chunk] = best
