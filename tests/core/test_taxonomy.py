@@ -178,7 +178,12 @@ def test_merge_and_chunks_equal_one_run() -> None:
                 shards[w % 2].update(batch_of(v, a[:, part], q[part], window=w, layer=layer,
                                               stats=stats))
     half = shards[0].compute()["taxonomy"]
-    merged = shards[0].merge(shards[1]).compute()["taxonomy"]
+    merged_acc = shards[0].merge(shards[1])
+    # a merged window's sources: its four chunks' summed into one int32 array
+    kept = [merged_acc._layers[layer].windows[w]["other"] for layer in (0, 1) for w in (1, 3)]
+    assert all(len(o) <= 1 and all(a.dtype == np.int32 for a in o) for o in kept)
+    assert any(len(o) == 1 for o in kept)
+    merged = merged_acc.compute()["taxonomy"]
     ref = whole.compute()["taxonomy"]
     assert list(merged) == list(ref)
     for k in ref:

@@ -207,11 +207,17 @@ def _entropy(counts: np.ndarray) -> np.ndarray:
     return np.where(total[..., 0] > 0, terms.sum(-1), np.nan)
 
 
+def _compact(rows: np.ndarray) -> np.ndarray:
+    """(S, 4) source rows as kept per window: int32 (heads, offsets, positions and one
+    window's counts all fit), half the bytes of int64; sums are taken in int64."""
+    return rows.astype(np.int32)
+
+
 def _other_sources(records: list[np.ndarray]) -> np.ndarray:
     """(S, 4) int64 rows (head, kind, key, count) summed over identical sources."""
     if not records:
         return np.zeros((0, 4), dtype=np.int64)
-    rows = np.concatenate(records)
+    rows = np.concatenate(records).astype(np.int64)
     keys, inverse = np.unique(rows[:, :3], axis=0, return_inverse=True)
     counts = np.bincount(inverse.reshape(-1), weights=rows[:, 3], minlength=len(keys))
     return np.concatenate([keys, counts.astype(np.int64)[:, None]], 1)
@@ -354,7 +360,7 @@ class TaxonomyAccumulator(Accumulator):
                 np.stack([oh, np.ones_like(oh), opos], 1),
             ]).astype(np.int64)
             keys, counts = np.unique(both, axis=0, return_counts=True)
-            rec["other"].append(np.concatenate([keys, counts[:, None]], 1))
+            rec["other"].append(_compact(np.concatenate([keys, counts[:, None]], 1)))
 
     def merge(self, other: TaxonomyAccumulator) -> TaxonomyAccumulator:
         """Add another shard's state (disjoint windows); returns self."""
@@ -367,8 +373,10 @@ class TaxonomyAccumulator(Accumulator):
                 st.sums[k] = st.sums[k] + ost.sums[k]
             st.add_offsets(ost.offsets_pos, ost.offsets_neg)
             for w, rec in ost.windows.items():
+                # a merged window is finished: its chunks' sources summed into one array
+                other_rows = [_compact(_other_sources(rec["other"]))] if rec["other"] else []
                 st.windows[w] = {"n": rec["n"].copy(), "n_self": rec["n_self"].copy(),
-                                 "n_sink": rec["n_sink"].copy(), "other": list(rec["other"])}
+                                 "n_sink": rec["n_sink"].copy(), "other": other_rows}
         return self
 
     def _stability(self, st: _TaxLayer, labels: np.ndarray) -> np.ndarray:
