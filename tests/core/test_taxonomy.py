@@ -352,3 +352,14 @@ def test_resampled_top_in_blocks_equals_the_definition(elements, monkeypatch) ->
     weights = rng.integers(0, 3, (11, w_count)).astype(np.float64)
     got = taxonomy._resampled_top(sources, weights, h, chunk=4)
     assert np.array_equal(got, _resampled_top_whole(sources, weights, h))
+
+
+def test_source_rows_are_int32_only_where_they_fit() -> None:
+    from attngeom.core.taxonomy import _compact, _other_sources
+
+    small = _compact(np.array([[0, 0, -3, 5], [1, 1, 7, 2]]))
+    assert small.dtype == np.int32
+    huge = _compact(np.array([[0, 0, -1, 2**31]]))  # a corpus fed as one window
+    assert huge.dtype == np.int64 and int(huge[0, 3]) == 2**31
+    assert _other_sources([small, huge, small]).tolist() == [
+        [0, 0, -3, 10], [0, 0, -1, 2**31], [1, 1, 7, 4]]

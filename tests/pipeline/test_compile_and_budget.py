@@ -73,6 +73,21 @@ def test_compiled_kernels_write_identical_tables(stories, plain_run, tmp_path,
     assert not kernels.compile_enabled()  # the run's setting does not leak
 
 
+def test_compiled_final_queries_write_identical_tables(stories, tmp_path,
+                                                       fresh_kernels) -> None:
+    """``--compile auto`` compiles ``final`` queries in long runs: same tables."""
+    final = dict(RUN, query_mode="final", n_windows=3, repeats=3)
+    runs = {}
+    for choice in ("off", "on"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            runs[choice] = run_analysis(AnalysisConfig(**final, compile=choice),
+                                        tmp_path / choice, progress=False,
+                                        model_and_tokenizer=stories)
+    assert not kernels._STATE["broken"]
+    assert _digests(runs["on"]) == _digests(runs["off"])
+
+
 def test_failing_compiler_warns_once_and_falls_back(stories, plain_run, tmp_path,
                                                     monkeypatch, fresh_kernels) -> None:
     def broken(fn, **kwargs):

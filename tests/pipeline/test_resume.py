@@ -209,6 +209,7 @@ def test_resumed_shards_are_read_one_unit_at_a_time(tmp_path, monkeypatch):
     got = ctx.run_units("analyze", units, lambda u: computed.append(u.index) or {"unit": u.index},
                         desc="t")
     assert next(got) == {"unit": 0} and len(loads) == 1  # only unit 0 unpickled so far
+    assert ctx.pending == 2  # units 1 (torn) and 3 (missing) to compute, a window each
     assert [p["unit"] for p in got] == [1, 2, 3]
     assert computed == [1, 3] and len(loads) == 2 and ctx.counts["redone_shards"] == 1
     assert ctx.counts["resumed_windows"] == 2

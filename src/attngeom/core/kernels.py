@@ -108,7 +108,8 @@ def resolve_compile(choice: str, *, device: str, query_mode: str,
     """``on``/``off`` as given; ``auto``: the ``ATTNGEOM_COMPILE`` variable where it is
     set, else on for many query rows: ``all`` or ``stride:k`` queries on a GPU, and on
     CPU ``all``, a stride of at most 4, or ``final`` queries in a run of at least
-    ``FINAL_COMPILE_WINDOWS`` windows (``run_windows``: the run's, not one batch's).
+    ``FINAL_COMPILE_WINDOWS`` windows (``run_windows``: what this process streams in
+    the run, its own units less those resumed; not one batch's).
 
     Compiling costs seconds to tens of seconds once (the C++ backend on CPU is the
     slowest); it pays back where the per-row work dominates or the run is long. On CPU

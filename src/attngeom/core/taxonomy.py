@@ -207,9 +207,15 @@ def _entropy(counts: np.ndarray) -> np.ndarray:
     return np.where(total[..., 0] > 0, terms.sum(-1), np.nan)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
 def _compact(rows: np.ndarray) -> np.ndarray:
-    """(S, 4) source rows as kept per window: int32 (heads, offsets, positions and one
-    window's counts all fit), half the bytes of int64; sums are taken in int64."""
+    """(S, 4) source rows as kept per window: int32 where they fit (heads, offsets,
+    positions and one window's counts do), half the bytes of int64; sums are taken in
+    int64. Rows that do not fit (a caller feeding a corpus as one window) stay int64."""
+    if rows.size and (rows.min() < _INT32.min or rows.max() > _INT32.max):
+        return rows.astype(np.int64)
     return rows.astype(np.int32)
 
 
@@ -217,7 +223,7 @@ def _other_sources(records: list[np.ndarray]) -> np.ndarray:
     """(S, 4) int64 rows (head, kind, key, count) summed over identical sources."""
     if not records:
         return np.zeros((0, 4), dtype=np.int64)
-    rows = np.concatenate(records).astype(np.int64)
+    rows = np.concatenate(records, dtype=np.int64)
     keys, inverse = np.unique(rows[:, :3], axis=0, return_inverse=True)
     counts = np.bincount(inverse.reshape(-1), weights=rows[:, 3], minlength=len(keys))
     return np.concatenate([keys, counts.astype(np.int64)[:, None]], 1)

@@ -32,8 +32,9 @@ def analyze_windows(ctx: RunContext, config, windows, *, stage: str = "analyze",
 
     def process(unit):
         part = AnalysisSet.create(config, context)
+        # the windows this process streams in the stage (not resumed, its own units)
         stream = stream_windows(ctx.model, ctx.layout, list(unit.windows), config, part,
-                                run_windows=len(windows))
+                                run_windows=ctx.pending)
         return {"accumulators": part.items, "stream": stream}
 
     analyses = AnalysisSet.create(config, context)

@@ -137,6 +137,7 @@ class RunContext:
     corpus_extra: dict = field(default_factory=dict)
     store: Any = None  # results.state.ShardStore, or None without an output directory
     dist: Distributed = field(default_factory=Distributed)
+    pending: int = 0  # weight this process computes in the current stage (``run_units``)
 
     def run_units(self, stage: str, units: Sequence[Unit], process: Callable[[Unit], Any], *,
                   desc: str, unit: str = "window",
@@ -149,16 +150,31 @@ class RunContext:
         results are read from the shards once every process has finished the stage.
         Progress counts ``weight(unit)`` per unit, resumed units included. Shards are
         checked up front but unpickled one at a time, as their unit comes: a resumed
-        run holds one unit's state at a time, as an uninterrupted one does.
+        run holds one unit's state at a time, as an uninterrupted one does. Every
+        process checks every shard before any process repairs one (a barrier between),
+        so all count the same damaged shards; only a unit's owner removes its shard.
+        ``self.pending`` holds the weight this process will compute in the stage (set
+        before the first ``process`` call).
         """
         from attngeom.pipeline.progress import Progress
 
         store, dist = self.store, self.dist
-        done = set()
+        done, damaged = set(), []
         for u in units:
-            if store is not None and store.load(stage, u.index, u.window_ids,
-                                                payload=False)[0]:
+            if store is None:
+                break
+            if store.load(stage, u.index, u.window_ids, payload=False, repair=False)[0]:
                 done.add(u.index)
+            elif store.path(stage, u.index).is_file():
+                damaged.append(u)
+        if store is not None and dist.world > 1:
+            dist.barrier()  # every process has looked before an owner repairs
+        for u in damaged:
+            if dist.owns(u.index):
+                store.path(stage, u.index).unlink(missing_ok=True)
+        self.counts["redone_shards"] = self.counts.get("redone_shards", 0) + len(damaged)
+        self.pending = sum(weight(u) for u in units
+                           if u.index not in done and dist.owns(u.index))
         resumed = sum(weight(u) for u in units if u.index in done)
         self.counts[f"resumed_{unit}s"] = self.counts.get(f"resumed_{unit}s", 0) + resumed
         total = sum(weight(u) for u in units)
@@ -178,9 +194,6 @@ class RunContext:
                 bar.advance(weight(u))
                 if dist.world == 1:
                     yield payload
-        if store is not None:
-            self.counts["redone_shards"] = self.counts.get("redone_shards", 0) + store.torn
-            store.torn = 0
         if dist.world > 1:
             dist.barrier()
             for u in units:

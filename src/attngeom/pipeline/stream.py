@@ -105,8 +105,8 @@ def stream_windows(
     neither they nor anything of size T x T sits through the layer's MLP (method §11).
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
     with the number of windows each batch finished. ``run_windows`` (default: these
-    windows) is the whole run's count, which ``--compile auto`` weighs for ``final``
-    queries.
+    windows) is how many windows this process streams in the whole run (its own units,
+    less those resumed), which ``--compile auto`` weighs for ``final`` queries.
     """
     from attngeom.capture import capture_attention, input_device
 

@@ -133,11 +133,12 @@ class ShardStore:
         return _atomic_write(path, lambda f: f.write(MAGIC + header + b"\n" + data))
 
     def load(self, stage: str, unit: int, windows: list[int], *,
-             payload: bool = True) -> tuple[bool, Any]:
+             payload: bool = True, repair: bool = True) -> tuple[bool, Any]:
         """``(True, payload)`` for a sound shard of this unit, ``(False, None)`` otherwise
         (with ``payload=False`` the shard is checked but not unpickled: ``(True, None)``).
 
-        A damaged shard is removed (and counted in ``torn``); a sound one from another
+        A damaged shard is removed and counted in ``torn`` (with ``repair=False`` it is
+        left alone, for the process that owns the unit); a sound one from another
         configuration or for other windows is an error: the directory mixes runs.
         """
         path = self.path(stage, unit)
@@ -154,8 +155,9 @@ class ShardStore:
                     hashlib.sha256(data).hexdigest() != header["sha256"]):
                 raise ValueError("length or hash mismatch")
         except (OSError, ValueError, KeyError, json.JSONDecodeError):
-            self.torn += 1
-            path.unlink(missing_ok=True)
+            if repair:
+                self.torn += 1
+                path.unlink(missing_ok=True)
             return False, None
         if header.get("fingerprint") != self.fingerprint or header.get("windows") != list(
                 windows) or header.get("stage") != stage:
