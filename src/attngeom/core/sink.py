@@ -209,6 +209,21 @@ class _TokenSums:
                 out[k][:, where] += part[k]
         self.ids, self.sums, self.pending = ids, out, []
 
+    def add_all(self, other: _TokenSums) -> None:
+        """Add another shard's sums (copies: ``other`` stays its own)."""
+        other.consolidate()
+        self.add(other.ids.copy(), {k: v.copy() for k, v in other.sums.items()})
+
+
+def _window_occurrences(seen: np.ndarray, tokens: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One (layer, window)'s keys with a counted pair (``seen`` (H, T) bool), counted by
+    token: position 0's (H,), then the sorted token ids (U,) of positions 1.. and (H, U)."""
+    ids, inverse = np.unique(tokens[1:], return_inverse=True)
+    occ = np.zeros((seen.shape[0], ids.size))
+    np.add.at(occ, (slice(None), inverse.reshape(-1)), seen[:, 1:].astype(np.float64))
+    return seen[:, SINK].astype(np.float64), ids, occ
+
 
 class SinkAccumulator(Accumulator):
     """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (method §6).
@@ -329,9 +344,7 @@ class SinkAccumulator(Accumulator):
                 setattr(copy, name, getattr(win, name).copy())
             self._windows[key] = copy
         for layer, ts in other._tokens.items():
-            ts.consolidate()
-            self._tokens.setdefault(layer, _TokenSums(ts.num_heads)).add(
-                ts.ids.copy(), {k: v.copy() for k, v in ts.sums.items()})
+            self._tokens.setdefault(layer, _TokenSums(ts.num_heads)).add_all(ts)
         for layer, zero in other._zero.items():
             mine_zero = self._zero.setdefault(layer, {k: np.zeros_like(v)
                                                       for k, v in zero.items()})
@@ -340,9 +353,7 @@ class SinkAccumulator(Accumulator):
         for (layer, window), seen in other._has_pair.items():  # complete: disjoint windows
             self._fold(layer, seen, other._window_tokens[window])
         for layer, ts in other._occ.items():
-            ts.consolidate()
-            self._folded_sums(layer, ts.num_heads).add(
-                ts.ids.copy(), {k: v.copy() for k, v in ts.sums.items()})
+            self._folded_sums(layer, ts.num_heads).add_all(ts)
         for layer, occ0 in other._occ0.items():
             self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
         self._firsts |= other._firsts | {int(t[SINK]) for t in other._window_tokens.values()}
@@ -355,12 +366,9 @@ class SinkAccumulator(Accumulator):
     def _fold(self, layer: int, seen: np.ndarray, tokens: np.ndarray) -> None:
         """Add one finished (layer, window)'s keys with a counted pair to the occurrence
         counts by token id (what ``_occurrences`` reads)."""
-        h = seen.shape[0]
-        self._occ0[layer] = self._occ0.get(layer, 0.0) + seen[:, SINK]
-        ids, inverse = np.unique(tokens[1:], return_inverse=True)
-        occ = np.zeros((h, ids.size))
-        np.add.at(occ, (slice(None), inverse.reshape(-1)), seen[:, 1:].astype(np.float64))
-        self._folded_sums(layer, h).add(ids, {"occurrences": occ})
+        occ0, ids, occ = _window_occurrences(seen, tokens)
+        self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
+        self._folded_sums(layer, seen.shape[0]).add(ids, {"occurrences": occ})
 
     def _n_windows(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -406,11 +414,9 @@ class SinkAccumulator(Accumulator):
         for (lay, window), seen in self._has_pair.items():
             if lay != layer:
                 continue
-            tokens = self._window_tokens[window]
-            occ0 += seen[:, SINK]
-            where = np.searchsorted(ids, tokens[1:])
-            hh, jj = np.nonzero(seen[:, 1:])
-            np.add.at(occ, (hh, where[jj]), 1.0)
+            part0, part_ids, part = _window_occurrences(seen, self._window_tokens[window])
+            occ0 += part0
+            occ[:, np.searchsorted(ids, part_ids)] += part
         return occ, occ0
 
     def _token_columns(self) -> dict[str, np.ndarray]:

@@ -109,7 +109,6 @@ class ShardStore:
         self.fingerprint = fingerprint
         self.command = command
         self.resume_key = resume_key or {}
-        self.torn = 0  # shards found damaged and redone
         self._announced = False
 
     def path(self, stage: str, unit: int) -> Path:
@@ -137,9 +136,10 @@ class ShardStore:
         """``(True, payload)`` for a sound shard of this unit, ``(False, None)`` otherwise
         (with ``payload=False`` the shard is checked but not unpickled: ``(True, None)``).
 
-        A damaged shard is removed and counted in ``torn`` (with ``repair=False`` it is
-        left alone, for the process that owns the unit); a sound one from another
-        configuration or for other windows is an error: the directory mixes runs.
+        A damaged shard is removed (with ``repair=False`` it is left alone, for the
+        process that owns the unit; ``RunContext.run_units`` counts them); a sound one
+        from another configuration or for other windows is an error: the directory
+        mixes runs.
         """
         path = self.path(stage, unit)
         if not path.is_file():
@@ -156,7 +156,6 @@ class ShardStore:
                 raise ValueError("length or hash mismatch")
         except (OSError, ValueError, KeyError, json.JSONDecodeError):
             if repair:
-                self.torn += 1
                 path.unlink(missing_ok=True)
             return False, None
         if header.get("fingerprint") != self.fingerprint or header.get("windows") != list(
