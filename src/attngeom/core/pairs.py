@@ -88,8 +88,11 @@ def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
     """``pair_sample`` of the window's T with float64 cosines (G, P) and whether both
     vectors are non-zero (G, P); ``values`` (G, T, d) float64, ``norms`` (G, T)."""
     dev = values.device
-    positions, a, b, entry = _sample_cpu(int(values.shape[1]), int(limit))
-    positions, entry, a, b = positions.to(dev), entry.to(dev), a.to(dev), b.to(dev)
+    # the cached int32 positions and entries index directly (read, never handed out);
+    # the pairs' positions are the caller's own int64 copies
+    positions, a, b, entry = (x.to(dev) for x in _sample_cpu32(int(values.shape[1]),
+                                                             int(limit)))
+    a, b = a.to(torch.int64), b.to(torch.int64)
     g = values.shape[0]
     sub = values.index_select(1, positions)  # (G, m, d)
     n = norms.index_select(1, positions)
