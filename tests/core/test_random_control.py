@@ -103,24 +103,49 @@ def test_draws_are_the_exact_multiply_shift():
         assert m == 0 or 0 <= int(draws[idx]) < m
 
 
-@settings(max_examples=200, deadline=None)
-@given(data=st.data(), rows=st.integers(1, 4), width=st.integers(1, 12))
-def test_partial_shuffle_is_the_textbook_one(data, rows, width):
-    """The sparse (index, value) shuffle equals swapping entries of the whole array, also
-    when several steps pick the same entry (small n makes that common)."""
-    sizes = data.draw(st.lists(st.integers(0, 14), min_size=rows, max_size=rows))
-    draws = torch.zeros(rows, width, dtype=torch.int64)
-    for r, n in enumerate(sizes):
-        for i in range(min(width, n)):
-            draws[r, i] = data.draw(st.integers(0, n - i - 1))
-    got = shuffle_prefix(draws, torch.tensor(sizes))
+def _textbook(draws: torch.Tensor, sizes: list[int]) -> list[list[int]]:
+    """Swap entries of the whole array 0..n-1, step by step."""
+    width = draws.shape[-1]
+    out = []
     for r, n in enumerate(sizes):
         array = list(range(n))
         for i in range(min(width, n)):
             j = i + int(draws[r, i])
             array[i], array[j] = array[j], array[i]
-        want = array[:width] + [-1] * max(0, width - n)
-        assert got[r].tolist() == want, (n, draws[r].tolist())
+        out.append(array[:width] + [-1] * max(0, width - n))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 4), width=st.integers(1, 40))
+def test_partial_shuffle_is_the_textbook_one(data, rows, width):
+    """The sparse (index, value) shuffle equals swapping entries of the whole array, also
+    when several steps pick the same entry (small n makes that common) and past the
+    widths that one pointer-jumping round covers."""
+    sizes = data.draw(st.lists(st.integers(0, 48), min_size=rows, max_size=rows))
+    draws = torch.zeros(rows, width, dtype=torch.int64)
+    for r, n in enumerate(sizes):
+        for i in range(min(width, n)):
+            draws[r, i] = data.draw(st.integers(0, min(n - i - 1, data.draw(
+                st.sampled_from([1, 2, 3, n])))))
+    assert shuffle_prefix(draws, torch.tensor(sizes)).tolist() == _textbook(draws, sizes)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 31, 32, 33, 64, 100])
+def test_partial_shuffle_follows_the_longest_chains(width):
+    """Every step but the last swaps with the next entry, so entry 0 moves one place a
+    step and the last step emits it (the longest chain of moved entries: step i moves
+    what step i - 1 wrote); or every step swaps with the last entry (all write the same
+    one); also batched past one pass's rows."""
+    n = width + 1
+    nexts = torch.ones(1, width, dtype=torch.int64)
+    nexts[0, -1] = 0
+    lasts = (n - 1 - torch.arange(width))[None]
+    draws = torch.cat([nexts, lasts]).repeat(40_000 // width + 1, 1)
+    sizes = [n] * draws.shape[0]
+    got = shuffle_prefix(draws, torch.tensor(sizes)).tolist()
+    want = _textbook(draws[:2], sizes[:2])
+    assert got[:2] == want and got == want * (draws.shape[0] // 2)
 
 
 def causal_row(t: int, num_keys: int) -> torch.Tensor:
