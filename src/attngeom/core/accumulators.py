@@ -164,7 +164,9 @@ class TopNAccumulator(Accumulator):
                 for rule in cfg.rules:
                     for i, b in enumerate(batches):
                         key = (b.window, b.layer, rule, variant, distance)
-                        part = cells[rule].rows(slice(i * h, (i + 1) * h))
+                        # one window: the fresh cell itself (nothing else holds it)
+                        part = (cells[rule] if len(batches) == 1 else
+                                cells[rule].rows(slice(i * h, (i + 1) * h)))
                         if key in self.cells:
                             self.cells[key].add(part)
                         else:
