@@ -11,6 +11,10 @@ analysis interleaved):
   the plain forward; the streaming pass and the once-per-run table building
   (``frames``: pandas pivots, bootstrap) are timed apart, the second amortises over
   windows;
+* ``final_batch4``: ``final`` with every analysis on a batch of 4 windows (the CLI's
+  default ``--batch-size``), over the plain forward of the same batch: the windows of a
+  batch are stacked into one pass per layer, so the per-operation overhead of the
+  analysis (tens of thousands of small tensor operations a pass) is shared by 4;
 * ``final_attention``: ``final`` queries, the attention rule's metrics only;
 * ``all_attention_random2``: every query, the attention rule and 2 random repeats
   (metrics only), over the eager forward;
@@ -59,11 +63,15 @@ from attngeom.pipeline.windows import Window  # noqa: E402
 GRID = (1, 2, 4, 8, 16, 32)
 MODES = {
     "final": dict(query_mode="final"),
+    "final_batch4": dict(query_mode="final"),
     "final_attention": dict(query_mode="final", rules=("attention",), variants=("full",),
                             analyses=("metrics",)),
     "all_attention_random2": dict(query_mode="all", rules=("attention", "random"),
                                   variants=("full",), analyses=("metrics",), repeats=2),
 }
+
+
+BATCH = {"final_batch4": 4}  # windows per forward of a mode (1 if not listed)
 
 
 def random_llama(layers: int = 8, hidden: int = 1024, heads: int = 16, kv_heads: int = 4,
@@ -209,8 +217,10 @@ def run_model(name: str, model, lengths, modes, repeats: int, compile_too: bool)
                     "baseline_s": t_plain, "stream_s": t_eager, "ratio": t_eager / t_plain})
         for mode in modes:
             against = "eager" if mode.startswith("all") else "plain"
+            on = bench if BATCH.get(mode, 1) == 1 else Bench(model, t, BATCH[mode])
             for compiled in (False, True) if compile_too else (False,):
-                row = {**base, **bench.measure(mode, compiled, repeats, against)}
+                row = {**base, "batch": len(on.windows),
+                       **on.measure(mode, compiled, repeats, against)}
                 out.append(row)
                 print(_line(row), flush=True)
     return out
@@ -238,7 +248,8 @@ def main() -> None:
                "machine": platform.processor() or platform.machine(), "rows": []}
     big = random_llama()
     for t in lengths:
-        # all queries beyond T = 1024 take minutes a pass on CPU: final modes only there
+        # beyond T = 1024 all queries take minutes a pass on CPU, and a batch of 4 most of
+        # one: the single-window final modes only there
         modes = list(MODES) if t <= 1024 else ["final", "final_attention"]
         results["rows"] += run_model("llama-8x1024", big, (t,), modes, repeats, args.compile)
     stories, _ = load_model(os.environ.get("ATTNGEOM_BENCH_STORIES") or _stories())
