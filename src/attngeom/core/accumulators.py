@@ -60,6 +60,14 @@ class _Cell:
     def nonfinite_rows(self) -> int:
         return 0 if self.nonfinite is None else int(self.nonfinite.sum())
 
+    def windows(self, count: int) -> list[_Cell]:
+        """The cells of the ``count`` windows stacked along the head rows, in order (one
+        window: this fresh cell itself, not a copy)."""
+        if count == 1:
+            return [self]
+        h = self.counts.shape[0] // count
+        return [self.rows(slice(i * h, (i + 1) * h)) for i in range(count)]
+
     def rows(self, sl: slice) -> _Cell:
         """The cell of a range of head rows (one window of a stacked batch)."""
         return _Cell(
@@ -162,11 +170,8 @@ class TopNAccumulator(Accumulator):
                 if distance == "euclidean" and "attention" in by_rule:
                     results[(variant, "attention", distance)] = by_rule["attention"]
                 for rule in cfg.rules:
-                    for i, b in enumerate(batches):
+                    for b, part in zip(batches, cells[rule].windows(len(batches)), strict=True):
                         key = (b.window, b.layer, rule, variant, distance)
-                        # one window: the fresh cell itself (nothing else holds it)
-                        part = (cells[rule] if len(batches) == 1 else
-                                cells[rule].rows(slice(i * h, (i + 1) * h)))
                         if key in self.cells:
                             self.cells[key].add(part)
                         else:

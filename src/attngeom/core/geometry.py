@@ -44,6 +44,7 @@ from attngeom.core.kernels import (
     compile_enabled,
     counting,
     counting_euclidean,
+    flat_index,
     summing_gram,
     temp_bytes,
     window_bytes,
@@ -831,10 +832,8 @@ def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int
     g, m, _ = top.shape
     d = v.shape[-1]
     t = v.shape[1]
-    # the rows of the flattened (G T, d) values: one index_select (a gather over the
-    # expanded (G, M, T, d) view indexes every element and ran several times slower)
-    flat = (top + (torch.arange(g, device=top.device) * t)[:, None, None]).reshape(-1)
-    rows = v.reshape(g * t, d).index_select(0, flat).reshape(g, m, nmax, d)
+    rows = v.reshape(g * t, d).index_select(0, flat_index(top, t).reshape(-1))
+    rows = rows.reshape(g, m, nmax, d)
     partial = torch.cumsum(a_top[..., None] * rows, dim=2)
     at = torch.tensor([max(0, min(n, nmax) - 1) for n in grid], device=v.device)
     s = partial.index_select(2, at)  # (G, M, NN, d): s_N

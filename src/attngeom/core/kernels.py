@@ -313,6 +313,14 @@ def counting_euclidean() -> Callable:
     return compiled_float(count_euclidean_fused, fallback=_count_euclidean_plain)
 
 
+def flat_index(keys: Tensor, t: int) -> Tensor:
+    """(G, ...) key indices per kv head -> the same keys' rows in the (G T, ...) tensor
+    that flattens the kv heads' (T, ...) rows, so one ``index_select`` reads them all (a
+    ``gather`` over an expanded view indexes every element of each row instead)."""
+    return keys + (torch.arange(keys.shape[0], device=keys.device) * t).reshape(
+        -1, *(1,) * (keys.dim() - 1))
+
+
 def gram_sums(gram: Tensor, top: Tensor, a_top: Tensor, steps: tuple[int, ...],
               width: int) -> Tensor:
     """(G, M, NN, width) ``<v_u, s_N>`` from rows of the value Gram matrix: for every row
@@ -328,7 +336,7 @@ def gram_sums(gram: Tensor, top: Tensor, a_top: Tensor, steps: tuple[int, ...],
     g, m, k = top.shape
     t = gram.shape[-1]
     flat = gram.reshape(g * t, t)[:, :width]
-    index = top + (torch.arange(g, device=top.device) * t)[:, None, None]
+    index = flat_index(top, t)
     acc, kept = None, [None] * len(steps)  # the running sum, and its value at each step
     for j in range(k):
         row = flat.index_select(0, index[:, :, j].reshape(-1)).reshape(g, m, width)

@@ -160,15 +160,14 @@ class RunContext:
 
         store, dist = self.store, self.dist
         done, damaged = set(), []
-        for u in units:
-            if store is None:
-                break
-            if store.load(stage, u.index, u.window_ids, payload=False, repair=False)[0]:
-                done.add(u.index)
-            elif store.path(stage, u.index).is_file():
-                damaged.append(u)
-        if store is not None and dist.world > 1:
-            dist.barrier()  # every process has looked before an owner repairs
+        if store is not None:
+            for u in units:
+                if store.load(stage, u.index, u.window_ids, payload=False, repair=False)[0]:
+                    done.add(u.index)
+                elif store.path(stage, u.index).is_file():
+                    damaged.append(u)
+            if dist.world > 1:
+                dist.barrier()  # every process has looked before an owner repairs
         for u in damaged:
             if dist.owns(u.index):
                 store.path(stage, u.index).unlink(missing_ok=True)
