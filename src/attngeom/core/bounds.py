@@ -179,16 +179,51 @@ def _bound_keys(
     low_base = ((1.0 + 2.0 * mu)[..., None] * (a_top * a_top)
                 + torch.where(sink_at, math.inf, 0.0))
     two_a_top = 2.0 * a_top
-    step = compiled_float(_bound_step)
-    columns = []
-    for n in n_grid:
-        # N and min(N, W) as 0-d tensors: one compiled graph serves every N and width
-        kk = min(n, width)
-        columns.append(step(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots,
-                            csum[..., kk - 1], a0, has_sink, sink_slot, usize, tol2, mu,
-                            c_lo, c_hi, torch.tensor(float(n), dtype=torch.float64, device=dev),
-                            torch.tensor(kk, dtype=torch.int32, device=dev)))
+    # each N and min(N, W) as tensors, not constants: one compiled graph serves every
+    # grid and width (and a constant divisor would become a multiplication by its
+    # reciprocal, which rounds differently)
+    kk = torch.tensor([min(n, width) for n in n_grid], dtype=torch.int32, device=dev)
+    ns = torch.tensor([float(n) for n in n_grid], dtype=torch.float64, device=dev)
+    s = csum.index_select(-1, (kk - 1).to(torch.int64))  # (K, R, NN) selected mass
+    steps = compiled_float(_bound_columns_fused, fallback=_bound_columns)
+    return steps(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots, s, a0, has_sink,
+                 sink_slot, usize, tol2, mu, c_lo, c_hi, ns, kk)
+
+
+def _bound_columns(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor,
+                   open_keys: Tensor, rank: Tensor, slots: Tensor, s: Tensor, a0: Tensor,
+                   has_sink: Tensor, sink_slot: Tensor, usize: Tensor, tol2: Tensor,
+                   mu: Tensor, c_lo: Tensor, c_hi: Tensor, n: Tensor, k: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """Precision, recall and F bounds (K, R, NN) of every N of the grid (``n`` (NN,)
+    float64, ``k`` (NN,) int32, ``s`` (K, R, NN) their selected masses), one N at a
+    time: the eager form, whose temporaries are one N's (K, R, T)."""
+    columns = [_bound_step(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots,
+                           s[..., i], a0, has_sink, sink_slot, usize, tol2, mu, c_lo, c_hi,
+                           n[i], k[i]) for i in range(n.shape[0])]
     return tuple(torch.stack([c[i] for c in columns], -1) for i in range(3))
+
+
+def _bound_columns_fused(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor,
+                         open_keys: Tensor, rank: Tensor, slots: Tensor, s: Tensor,
+                         a0: Tensor, has_sink: Tensor, sink_slot: Tensor, usize: Tensor,
+                         tol2: Tensor, mu: Tensor, c_lo: Tensor, c_hi: Tensor, n: Tensor,
+                         k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``_bound_columns`` as one ``_bound_step`` broadcast over the N of the grid (the
+    key-order terms gain an N dimension, the per-row ones a trailing one): the same
+    operations on the same operands for every element, so the same bits. Compiled
+    (``compiled_float``), its passes over (K, R, NN, T) become loops with no temporary
+    of that size, in one call instead of one per N."""
+    def per_key(x: Tensor) -> Tensor:  # (..., T) -> (..., 1, T)
+        return x.unsqueeze(-2)
+
+    def per_row(x: Tensor) -> Tensor:  # (K, R) -> (K, R, 1)
+        return x.unsqueeze(-1)
+
+    return _bound_step(per_key(low_base), per_key(two_a_top), per_key(two_a), per_key(a_sq),
+                       per_key(open_keys), per_key(rank), slots, s, per_row(a0),
+                       per_row(has_sink), per_row(sink_slot), per_row(usize), per_row(tol2),
+                       per_row(mu), per_row(c_lo), per_row(c_hi), n, k[:, None])
 
 
 def _bound_step(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor,
@@ -197,8 +232,8 @@ def _bound_step(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor
                 c_lo: Tensor, c_hi: Tensor, n: Tensor, k: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Precision, recall and F bounds (K, R) of one N (``_bound_keys``), ``k`` = min(N, W)
-    selected slots: one pass over the W first keys and one over all T, which
-    ``torch.compile`` fuses on CPU (``compiled_float``)."""
+    selected slots: one pass over the W first keys and one over all T. Written for
+    broadcasting: ``_bound_columns_fused`` calls it with an N dimension added."""
     sink_sel = has_sink & (sink_slot < n)
     sink_uns = has_sink & ~sink_sel
     a0_sel = torch.where(sink_sel, a0, 0.0)

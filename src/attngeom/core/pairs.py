@@ -97,9 +97,12 @@ def sampled_pair_cosines(values: Tensor, norms: Tensor, limit: int = PAIR_SAMPLE
     sub = values.index_select(1, positions)  # (G, m, d)
     n = norms.index_select(1, positions)
     # the pairs read off the flattened m x m products (one index, not two: several
-    # times faster than indexing rows and columns at once)
-    dots = (sub @ sub.transpose(-1, -2)).reshape(g, -1).index_select(1, entry)
-    denom = (n[:, :, None] * n[:, None, :]).reshape(g, -1).index_select(1, entry)
+    # times faster than indexing rows and columns at once), by ``gather`` with the
+    # index expanded over the kv heads (on CPU about 5x faster than ``index_select``
+    # along the last dimension, which copies element by element)
+    entry = entry.to(torch.int64)[None].expand(g, -1)
+    dots = (sub @ sub.transpose(-1, -2)).reshape(g, -1).gather(1, entry)
+    denom = (n[:, :, None] * n[:, None, :]).reshape(g, -1).gather(1, entry)
     ok = denom > 0
     cos = torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0).clamp(-1.0, 1.0)
     return a, b, cos, ok
