@@ -13,9 +13,9 @@ N_max), so the order is not built in full: a partial Fisher-Yates shuffle of the
 universe's members stops after ``width`` steps. Step i swaps member i with member
 i + r_i, where r_i is uniform on [0, n - i) (n the universe size), so the first
 ``width`` entries are those of a uniformly random permutation, and the sets of size N
-(its first N entries) are nested in N. The work per row is O(width^2), independent of
-the window length: the swaps are kept as a list of ``width`` (index, value) pairs,
-not as an array of n members.
+(its first N entries) are nested in N. The work per row is O(width log width), independent
+of the window length: the swaps are resolved from the list of ``width`` draws
+(``shuffle_prefix``), never on an array of n members.
 
 The hash is Chris Wellons' ``lowbias32`` integer finaliser, evaluated in int64 with
 every product kept below 2**63 (no reliance on signed overflow), chained over the
