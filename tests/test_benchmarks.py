@@ -54,3 +54,44 @@ def test_gpu_benchmark_runs_on_its_cpu_path(tmp_path) -> None:
     modes = {r["mode"] for r in rows}
     assert {"plain", "final", "all"} <= modes
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+
+
+def test_candidate_certificate_is_sound() -> None:
+    """Where ``certificate_rate.certified`` says a row's counts follow from its candidates,
+    they do: intruders, the nearest unselected distance and the inversions computed over
+    the selected keys and the candidates equal those over every key (rows with peaked and
+    flat attention, so that both outcomes occur)."""
+    from certificate_rate import certified
+
+    gen = torch.Generator().manual_seed(11)
+    t, d, c = 60, 8, 10
+    outcomes = set()
+    for trial in range(60):
+        temperature = (0.2, 1.0, 4.0)[trial % 3]
+        alpha = torch.softmax(torch.randn(t, generator=gen, dtype=torch.float64) / temperature, 0)
+        values = torch.randn(t, d, generator=gen, dtype=torch.float64)
+        values *= torch.rand(t, 1, generator=gen, dtype=torch.float64) * 3
+        order = (torch.argsort(-alpha, stable=True) if trial % 2
+                 else torch.randperm(t, generator=gen))
+        for n in (1, 2, 4, 8):
+            selected = order[:n]
+            ok = certified(alpha, values, selected, c)
+            outcomes.add(ok)
+            if not ok:
+                continue
+            s = (alpha[selected, None] * values[selected]).sum(0)
+            dist = (alpha[:, None] * values - s).norm(dim=-1)
+            rest = torch.ones(t, dtype=torch.bool)
+            rest[selected] = False
+            contrib = torch.where(rest, alpha * values.norm(dim=-1), -1.0)
+            kept = torch.zeros(t, dtype=torch.bool)
+            kept[torch.topk(contrib, c).indices] = True
+            assert _counts(dist, selected, rest) == _counts(dist, selected, kept), (trial, n)
+    assert outcomes == {True, False}
+
+
+def _counts(dist: torch.Tensor, selected: torch.Tensor, keys: torch.Tensor) -> tuple:
+    """Intruders, the nearest distance and the inversions over the unselected ``keys``."""
+    far = dist[selected].max()
+    inversions = int((dist[keys][None, :] <= dist[selected][:, None]).sum())
+    return int((dist[keys] <= far).sum()), float(dist[keys].min()), inversions
