@@ -323,11 +323,12 @@ class SinkAccumulator(Accumulator):
         for k in zero:
             zero[k] += sums[k][:, SINK]
         ids, inverse = np.unique(tokens[1:], return_inverse=True)
-        part = {}
-        for k, v in sums.items():
-            acc = np.zeros((h, ids.size))
-            np.add.at(acc, (slice(None), inverse.reshape(-1)), v[:, 1:].astype(np.float64))
-            part[k] = acc
+        # each head's entries binned by token id, in position order: the sums ``np.add.at``
+        # would make (same order, so the same bits), about 9x faster
+        bins = (inverse.reshape(1, -1) + ids.size * np.arange(h)[:, None]).reshape(-1)
+        part = {k: np.bincount(bins, weights=v[:, 1:].astype(np.float64).reshape(-1),
+                               minlength=h * ids.size).reshape(h, ids.size)
+                for k, v in sums.items()}
         self._tokens.setdefault(layer, _TokenSums(h)).add(ids, part)
 
     def merge(self, other: SinkAccumulator) -> SinkAccumulator:
