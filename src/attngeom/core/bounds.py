@@ -57,6 +57,8 @@ from attngeom.names import SINK
 
 _SLACK = 1e-10
 _CHUNK_BYTES = 256 * 2**20
+_FUSED_N = 6  # the N of the grid one fused bound call takes (bounds_of_top's chunking
+# assumes about six (K, H, rows, T) float64 temporaries)
 
 
 def grid_of(n_grid: Sequence[int]) -> tuple[int, ...]:
@@ -186,8 +188,15 @@ def _bound_keys(
     ns = torch.tensor([float(n) for n in n_grid], dtype=torch.float64, device=dev)
     s = csum.index_select(-1, (kk - 1).to(torch.int64))  # (K, R, NN) selected mass
     steps = compiled_float(_bound_columns_fused, fallback=_bound_columns)
-    return steps(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots, s, a0, has_sink,
-                 sink_slot, usize, tol2, mu, c_lo, c_hi, ns, kk)
+    # the fused form holds one (K, R, T) float64 buffer per N of a call: at most
+    # ``_FUSED_N`` of them, the eager form's few temporaries that the chunking assumes
+    parts = [steps(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots,
+                   s[..., i : i + _FUSED_N], a0, has_sink, sink_slot, usize, tol2, mu, c_lo,
+                   c_hi, ns[i : i + _FUSED_N], kk[i : i + _FUSED_N])
+             for i in range(0, len(n_grid), _FUSED_N)]
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(torch.cat([p[i] for p in parts], -1) for i in range(3))
 
 
 def _bound_columns(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor,
