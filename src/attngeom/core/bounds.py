@@ -182,8 +182,7 @@ def _bound_keys(
                 + torch.where(sink_at, math.inf, 0.0))
     two_a_top = 2.0 * a_top
     # each N and min(N, W) as tensors, not constants: one compiled graph serves every
-    # grid and width (and a constant divisor would become a multiplication by its
-    # reciprocal, which rounds differently)
+    # grid and width
     kk = torch.tensor([min(n, width) for n in n_grid], dtype=torch.int32, device=dev)
     ns = torch.tensor([float(n) for n in n_grid], dtype=torch.float64, device=dev)
     s = csum.index_select(-1, (kk - 1).to(torch.int64))  # (K, R, NN) selected mass
