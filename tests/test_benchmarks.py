@@ -90,6 +90,42 @@ def test_candidate_certificate_is_sound() -> None:
     assert outcomes == {True, False}
 
 
+def test_candidate_certificate_is_tight() -> None:
+    """Rows built at the certificate's edge: every key left out lies on the line of the
+    aggregate, at exactly ``||s|| - alpha_u ||v_u||``, and the farthest selected key is
+    swept across the one with the largest such contribution. Certified rows must keep
+    their counts; a certificate loosened by a tenth of that contribution would certify
+    rows where that key is an intruder (which the sweep holds)."""
+    from certificate_rate import certified
+
+    c = 4
+    outcomes, intruded = set(), 0
+    for b in torch.linspace(0.0, 1.8, 181, dtype=torch.float64):
+        # selected keys 0 and 1 (alpha 0.3 each) give s = (0.6, 0) and lie at
+        # 0.3 sqrt(1 + b^2) from it; key u >= 2 lies at 0.6 - contribution u
+        values = torch.zeros(12, 2, dtype=torch.float64)
+        values[0] = torch.stack([torch.tensor(1.0, dtype=torch.float64), b])
+        values[1] = torch.stack([torch.tensor(1.0, dtype=torch.float64), -b])
+        values[2:, 0] = 1.0
+        alpha = torch.tensor([0.3, 0.3, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01],
+                             dtype=torch.float64)
+        selected = torch.tensor([0, 1])
+        rest = torch.ones(12, dtype=torch.bool)
+        rest[selected] = False
+        kept = torch.zeros(12, dtype=torch.bool)
+        kept[2 : 2 + c] = True
+        dist = (alpha[:, None] * values - (alpha[selected, None] * values[selected]).sum(0)
+                ).norm(dim=-1)
+        if abs(float(dist[selected].max()) - 0.5) < 1e-9:  # exactly on the edge: skip
+            continue
+        ok = certified(alpha, values, selected, c)
+        outcomes.add(ok)
+        intruded += int(float(dist[selected].max()) > 0.5)  # key 6 (at 0.5) intrudes
+        if ok:
+            assert _counts(dist, selected, rest) == _counts(dist, selected, kept), float(b)
+    assert outcomes == {True, False} and intruded > 0
+
+
 def _counts(dist: torch.Tensor, selected: torch.Tensor, keys: torch.Tensor) -> tuple:
     """Intruders, the nearest distance and the inversions over the unselected ``keys``."""
     far = dist[selected].max()

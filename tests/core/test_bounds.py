@@ -553,11 +553,13 @@ def test_fast_bounds_equal_the_loop_formulas(case) -> None:
 
 @pytest.mark.parametrize("t", [300, 40])
 def test_compiled_bounds_equal_plain_bit_for_bit(t: int) -> None:
-    """With compilation on, every N's step runs at once as generated C++ and must round
-    exactly as the plain operations, one N at a time, do: every bound equal, on rows
-    with a sink, ties (integer alphas and values), zero vectors, short universes and K
-    random orders at once; at T = 40 (every query) the orders are narrower than the
-    grid's largest N (whose column is then NaN in both)."""
+    """With compilation on, every N's step runs at once (six N a call: the 7-N grid
+    makes two) as generated C++ and must round exactly as the plain operations, one N
+    at a time, do; so must the broadcast form run uncompiled. Every bound equal, on rows
+    with a sink, zero vectors, K random orders at once and, at T = 300, ties (integer
+    alphas and values) and a short universe; at T = 40 (every query) the orders are
+    narrower than the grid's largest N (whose column is then NaN in both)."""
+    from attngeom.core import bounds as bounds_module
     from attngeom.core import kernels
     from attngeom.core.bounds import bounds_of_top
     from attngeom.core.geometry import top_keys
@@ -588,8 +590,13 @@ def test_compiled_bounds_equal_plain_bit_for_bit(t: int) -> None:
         with kernels.compiling(True):
             fast = bounds_of_top(alpha, stats, kv, top, uni, grid, *c)
         assert not kernels._STATE["broken"]
+        with pytest.MonkeyPatch.context() as mp:  # the broadcast form, uncompiled
+            mp.setattr(bounds_module, "compiled_float", lambda fn, fallback=None: fn)
+            broadcast = bounds_of_top(alpha, stats, kv, top, uni, grid, *c)
         for name in plain:
-            assert torch.equal(plain[name].nan_to_num(-1.0), fast[name].nan_to_num(-1.0)), name
+            for other in (fast, broadcast):
+                assert torch.equal(plain[name].nan_to_num(-1.0),
+                                   other[name].nan_to_num(-1.0)), name
             assert not plain[name].isnan().all()
 
 

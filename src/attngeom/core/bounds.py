@@ -220,8 +220,9 @@ def _bound_columns_fused(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_s
     """``_bound_columns`` as one ``_bound_step`` broadcast over the N of the grid (the
     key-order terms gain an N dimension, the per-row ones a trailing one): the same
     operations on the same operands for every element, so the same bits. Compiled
-    (``compiled_float``), its passes over (K, R, NN, T) become loops with no temporary
-    of that size, in one call instead of one per N."""
+    (``compiled_float``), one call instead of one per N; the generated loops hold one
+    (K, R, NN, T) float64 buffer (the unselected keys' upper bounds, read by a maximum
+    and a count), hence at most ``_FUSED_N`` N a call."""
     def per_key(x: Tensor) -> Tensor:  # (..., T) -> (..., 1, T)
         return x.unsqueeze(-2)
 

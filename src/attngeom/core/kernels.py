@@ -172,7 +172,9 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
         if _STATE["broken"] or (cpu_only and any(
                 isinstance(a, Tensor) and a.device.type != "cpu" for a in args)):
             return plain(*args, **kwargs)
-        key = tuple((a.dtype, a.dim()) if isinstance(a, Tensor) else a for a in args)
+        # a new graph per dtype and rank, and per size 0 or 1 (dynamo specialises those)
+        key = tuple((a.dtype, tuple(min(n, 2) for n in a.shape)) if isinstance(a, Tensor)
+                    else a for a in args)
         first = key not in seen
         t0 = time.perf_counter()
         try:
