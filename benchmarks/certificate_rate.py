@@ -74,13 +74,13 @@ def rates(alpha: torch.Tensor, values: torch.Tensor, kv_of_head: torch.Tensor,
 def measure(model_name: str, corpus_name: str, length: int, windows: int) -> list[dict]:
     from attngeom.assets import asset
     from attngeom.capture import capture_attention, load_model
-    from attngeom.pipeline.corpus import split_wikitext_articles
+    from attngeom.pipeline.corpus import WIKITEXT_ARTICLES, read_documents
     from attngeom.pipeline.windows import make_windows
 
     model, tokenizer = load_model(asset(model_name))
-    text = Path(asset(corpus_name, "--corpus")).read_text()
-    docs = (split_wikitext_articles(text) if corpus_name.startswith("wikitext")
-            else [d for d in text.split("\n\n") if d.strip()])
+    # the documents a run reads (WikiText as articles, as make bench-real takes them)
+    docs, _ = read_documents(asset(corpus_name, "--corpus"), separator=WIKITEXT_ARTICLES
+                             if corpus_name.startswith("wikitext") else None)
     ids = torch.stack([w.input_ids for w in make_windows(docs, tokenizer, length,
                                                          n_windows=windows)])
     captured = []
