@@ -44,7 +44,9 @@ from attngeom.core.kernels import (
     compile_enabled,
     counting,
     counting_euclidean,
+    euclidean_close,
     flat_index,
+    fuses_float,
     summing_gram,
     temp_bytes,
     window_bytes,
@@ -660,14 +662,16 @@ def _metrics_rows(
     and which (K, H, Q) rows hold the sink among their first keys) the second result is
     that universe's: read off this pass's counts, and computed anew for those rows.
 
-    The folded rows go through in pieces whose float64 temporaries (``<v_u, s_N>``, the
-    closeness scores and the unselected copy, each (G, rows, NN, T)) fit the kernels'
-    byte budget, so that one ``final`` query's 16 random repeats need not hold them all
-    at once."""
+    The folded rows go through in pieces whose ``<v_u, s_N>`` (G, rows, NN, T) float64
+    takes two thirds of the kernels' byte budget, so that one ``final`` query's 16
+    random repeats need not hold them all at once; where the scores are not fused into
+    the counting, they go through each piece in blocks that take the last third
+    (``_metrics_folded``). The pieces do not depend on whether the kernels are
+    compiled: a matrix product may round by its row count."""
     k, h, q, _ = top.shape
     fd = _Folding(k, h, q, group)
     t = alpha.shape[-1]
-    piece = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 24 * fd.g * len(grid) * t))
+    piece = max(1, 2 * temp_bytes(_CHUNK_BYTES) // max(1, 3 * 8 * fd.g * len(grid) * t))
     piece = -(-fd.m // -(-fd.m // piece))  # pieces of even size: no row left alone
     rows = (fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top))
     if sink_rows is not None:
@@ -692,20 +696,22 @@ def _metrics_rows(
     def joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         return {name: torch.cat([p[name] for p in parts], dim=1) for name in parts[0]}
 
+    def finished(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {name: fd.unfold(x) for name, x in _scores(raw, grid, distance).items()}
+
     if not read_offs:
-        return {name: fd.unfold(x) for name, x in joined(owns).items()}, None
+        return finished(joined(owns)), None
     read_off = joined(read_offs)
     if rows_d is not None:  # the rows redone, gathered from every piece: fewer packs
         _redo_sink_rows(read_off, redo, rows_d, stats, grid, nmax, distance, use_gram,
                         piece)
-    return ({name: fd.unfold(x) for name, x in joined(owns).items()},
-            {name: fd.unfold(x) for name, x in read_off.items()})
+    return finished(joined(owns)), finished(read_off)
 
 
 def _redo_sink_rows(read_off: dict[str, Tensor], redo: Tensor, rows: tuple[Tensor, ...],
                     stats: ValueStats, grid: tuple[int, ...], nmax: int, distance: str,
                     use_gram: bool, piece: int) -> None:
-    """Overwrite, in ``read_off`` (G, M, NN), the sink-excluded metrics of the rows marked
+    """Overwrite, in ``read_off`` (G, M, NN), the sink-excluded counts of the rows marked
     in ``redo`` (G, M) with a pass of their own over ``rows`` (their folded alpha,
     universe and order), in packs of at most ``piece`` rows per kv head (but at least
     2: with pieces of one row a pack holds two)."""
@@ -753,8 +759,11 @@ def _metrics_folded(
     *,
     drop_first: bool,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
-    """Metrics of folded rows (G, M, ·) -> (G, M, NN); with ``drop_first`` also those with
-    key 0 taken out of the universe (valid for the rows whose first keys miss it)."""
+    """The counts behind the metrics of folded rows (G, M, ·) -> (G, M, NN) each, with
+    ``||s_N||^2`` and whether the sink is selected (``_scores`` turns them into metrics,
+    once per chunk: elementwise, so the same bits as per piece); with ``drop_first``
+    also those with key 0 taken out of the universe (valid for the rows whose first
+    keys miss it)."""
     g, m, t = alpha_m.shape
     device = alpha_m.device
     usize = univ_m.sum(-1)
@@ -783,31 +792,69 @@ def _metrics_folded(
     # the sink's place in the order (N_max when it is not among the first N_max keys)
     sink_slot = torch.where((top_m == 0) & in_u, torch.arange(nmax, device=device),
                             nmax).amin(-1, keepdim=True)
-    rows_u, rows_top = univ_m.reshape(g * m, t), top_m.reshape(g * m, nmax)
     # compiled, the counts with key 0 dropped are always asked for (O(N) more per row),
     # used or not: one graph per shape family, not two (dynamo limits the graphs)
     drop = drop_first or compile_enabled()
-    if distance == "euclidean":
-        counts = counting_euclidean()(inner, alpha_m, stats.sq_norms, rows_u, rows_top, grid,
-                                      drop)
+    if distance == "euclidean" and fuses_float(device):  # scores never stored
+        counts = counting_euclidean()(inner, alpha_m, stats.sq_norms, univ_m.reshape(g * m, t),
+                                      top_m.reshape(g * m, nmax), grid, drop)
+        counts = [x.reshape(g, m, len(grid)) for x in counts]
     else:
-        a = alpha_m[:, :, None, :]
-        norms = stats.norms[:, None, None, :]
-        close = (a * inner) / (a * norms * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-        counts = counting()(close.reshape(g * m, len(grid), t), rows_u, rows_top, grid, drop)
-    counts = [x.reshape(g, m, len(grid)) for x in counts]
-    own = _scores(*counts[:5], s2, grid_t, distance)
+        counts = _counts_in_blocks(inner, s2, alpha_m, univ_m, top_m, stats, grid, distance,
+                                   drop)
+    own = dict(zip(_COUNTS, counts[:5], strict=True))
+    own["s2"] = s2
     own["sink_selected"] = (sink_slot < grid_t) & univ_m[..., 0, None]
     if not drop_first:
         return own, None
-    read_off = _scores(counts[0], *counts[5:], s2, grid_t, distance)
+    read_off = dict(zip(_COUNTS, (counts[0], *counts[5:]), strict=True))
+    read_off["s2"] = s2
     read_off["sink_selected"] = torch.zeros_like(own["sink_selected"])
     return own, read_off
 
 
-def _scores(cmin: Tensor, cmax: Tensor, intruders: Tensor, clears: Tensor,
-            inversions: Tensor, s2: Tensor, grid_t: Tensor, distance: str) -> dict[str, Tensor]:
-    """P, R, F, margin and inversions (float64) from the counts of each row and N."""
+_COUNTS = ("cmin", "cmax", "intruders", "clears", "inversions")  # what ``_scores`` reads
+
+
+# bytes per (row, N, key) the plain counting holds beside the scores: its unselected
+# copy (8) and comparisons (1)
+_PLAIN_COUNT_BYTES = 12
+
+
+def _counts_in_blocks(inner: Tensor, s2: Tensor, alpha_m: Tensor, univ_m: Tensor,
+                      top_m: Tensor, stats: ValueStats, grid: tuple[int, ...],
+                      distance: str, drop: bool) -> list[Tensor]:
+    """The counts of folded rows, (G, M, NN) each, with the closeness scores computed
+    plain into ``inner``'s own buffer (which this overwrites; the same operations on the
+    same operands as the fused kernel, so the same bits). Uncompiled, the counting goes
+    through the rows in blocks whose temporaries take a third of the kernels' byte
+    budget; counts and extremes are exact, so blocks change nothing."""
+    g, m, nn, t = inner.shape
+    if distance == "euclidean":
+        close = euclidean_close(inner, alpha_m, stats.sq_norms, out=inner)
+    else:
+        a = alpha_m[:, :, None, :]
+        close = torch.mul(a, inner, out=inner)
+        lengths = (a * stats.norms[:, None, None, :])[:, :, 0]  # (G, M, T)
+        root = s2.clamp_min(0).sqrt()
+        for c in range(nn):  # a denominator of one N at a time, not (G, M, NN, T)
+            close[:, :, c].div_((lengths * root[:, :, c, None]).add_(COSINE_EPS))
+    r = g * m
+    rows = (close.reshape(r, nn, t), univ_m.reshape(r, t), top_m.reshape(r, -1))
+    block = r if compile_enabled() else max(
+        1, temp_bytes(_CHUNK_BYTES) // max(1, 3 * _PLAIN_COUNT_BYTES * nn * t))
+    parts = [counting()(*(x[s : s + block] for x in rows), grid, drop)
+             for s in range(0, r, block)]
+    return [torch.cat([p[i] for p in parts]).reshape(g, m, nn) for i in range(len(parts[0]))]
+
+
+def _scores(raw: dict[str, Tensor], grid: tuple[int, ...], distance: str
+            ) -> dict[str, Tensor]:
+    """P, R, F, margin and inversions (float64), and ``sink_selected``, from the counts
+    of each row and N (``_metrics_folded``)."""
+    cmin, cmax, intruders, clears, inversions = (raw[name] for name in _COUNTS)
+    s2 = raw["s2"]
+    grid_t = torch.tensor(grid, device=s2.device, dtype=torch.int64)
     dtype = s2.dtype
     nf = grid_t.to(dtype)[None, None, :]
     precision = nf / (nf + intruders.to(dtype))
@@ -823,7 +870,7 @@ def _scores(cmin: Tensor, cmax: Tensor, intruders: Tensor, clears: Tensor,
     else:
         margin = cmin - cmax
     return {"precision": precision, "recall": recall, "f_score": f_score, "margin": margin,
-            "inversions": inversions.to(dtype)}
+            "inversions": inversions.to(dtype), "sink_selected": raw["sink_selected"]}
 
 
 def _inner_direct(stats: ValueStats, top: Tensor, a_top: Tensor, grid, nmax: int):

@@ -135,6 +135,11 @@ def compile_enabled() -> bool:
     return _STATE["enabled"] and not _STATE["broken"]
 
 
+def fuses_float(device: torch.device | str) -> bool:
+    """Whether ``compiled_float`` kernels run compiled for tensors on ``device`` now."""
+    return compile_enabled() and torch.device(device).type == "cpu"
+
+
 def compile_seconds() -> float:
     """Seconds spent compiling (first calls of each shape family) so far."""
     return _STATE["seconds"]
@@ -282,11 +287,15 @@ def counting() -> Callable:
     return compiled(count_metrics_fused, fallback=count_metrics)
 
 
-def euclidean_close(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
+def euclidean_close(inner: Tensor, alpha: Tensor, sq_norms: Tensor, *,
+                    out: Tensor | None = None) -> Tensor:
     """(G, M, NN, T) Euclidean closeness ``g = 2 alpha <v, s_N> - alpha^2 ||v||^2`` from
-    ``inner`` (G, M, NN, T), ``alpha`` (G, M, T) and ``sq_norms`` (G, T)."""
+    ``inner`` (G, M, NN, T), ``alpha`` (G, M, T) and ``sq_norms`` (G, T); into ``out``
+    (which may be ``inner``) with the same operations, so the same bits."""
     a = alpha[:, :, None, :]
-    return 2.0 * a * inner - a * a * sq_norms[:, None, None, :]
+    if out is None:
+        return 2.0 * a * inner - a * a * sq_norms[:, None, None, :]
+    return torch.mul(2.0 * a, inner, out=out).sub_(a * a * sq_norms[:, None, None, :])
 
 
 def count_euclidean_fused(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
