@@ -251,12 +251,20 @@ def _bound_step(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_sq: Tensor
                       low_base - two_a_top * (mu * s - c_lo * a0_sel)[..., None], math.inf)
     low_sink = a0 * a0 + 2.0 * c_lo * a0 * s
     up_sink = 2.0 * c_hi * a0 * s - a0 * a0
-    up = torch.where(open_keys & (rank >= k),
-                     two_a * (mu * s + c_hi * a0_sel)[..., None] - a_sq, -math.inf)
+    # U of the unselected keys (-inf at the others), read by a maximum and, against the
+    # precision threshold, a count. The count is written on the unmasked values, not on
+    # U itself, so that the compiler computes U within each pass instead of storing a
+    # (K, R, NN, T) buffer between them (1.6x faster at T = 1024); a masked key counts
+    # where -inf >= the threshold, as it would in U
+    unselected = open_keys & (rank >= k)
+    up_open = two_a * (mu * s + c_hi * a0_sel)[..., None] - a_sq
+    max_u = torch.where(unselected, up_open, -math.inf).amax(-1)
     min_low = torch.minimum(low.amin(-1), torch.where(sink_sel, low_sink, math.inf))
-    max_up = torch.maximum(up.amax(-1), torch.where(sink_uns, up_sink, -math.inf))
+    max_up = torch.maximum(max_u, torch.where(sink_uns, up_sink, -math.inf))
     p_thr = min_low - tol2
-    p_cnt = (up >= p_thr[..., None]).sum(-1) + (sink_uns & (up_sink >= p_thr))
+    p_cnt = (torch.where(unselected, up_open >= p_thr[..., None],
+                         (p_thr == -math.inf)[..., None]).sum(-1)
+             + (sink_uns & (up_sink >= p_thr)))
     r_thr = max_up + tol2
     r_cnt = ((selected & (low > r_thr[..., None])).sum(-1) - sink_sel.to(torch.int64)
              + (sink_sel & (low_sink > r_thr)).to(torch.int64))
