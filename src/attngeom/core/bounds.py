@@ -58,7 +58,8 @@ from attngeom.names import SINK
 _SLACK = 1e-10
 _CHUNK_BYTES = 256 * 2**20
 _FUSED_N = 6  # the N of the grid one fused bound call takes (bounds_of_top's chunking
-# assumes about six (K, H, rows, T) float64 temporaries)
+# assumes about six (K, H, rows, T) float64 temporaries, which a compiler that stored
+# the unselected keys' U per N would hold)
 
 
 def grid_of(n_grid: Sequence[int]) -> tuple[int, ...]:
@@ -187,8 +188,8 @@ def _bound_keys(
     ns = torch.tensor([float(n) for n in n_grid], dtype=torch.float64, device=dev)
     s = csum.index_select(-1, (kk - 1).to(torch.int64))  # (K, R, NN) selected mass
     steps = compiled_float(_bound_columns_fused, fallback=_bound_columns)
-    # the fused form holds one (K, R, T) float64 buffer per N of a call: at most
-    # ``_FUSED_N`` of them, the eager form's few temporaries that the chunking assumes
+    # the fused form's loops hold (K, R, W) per N of a call (and would hold (K, R, T) if
+    # the compiler stored U): at most ``_FUSED_N`` of them, as the chunking assumes
     parts = [steps(low_base, two_a_top, two_a, a_sq, open_keys, rank, slots,
                    s[..., i : i + _FUSED_N], a0, has_sink, sink_slot, usize, tol2, mu, c_lo,
                    c_hi, ns[i : i + _FUSED_N], kk[i : i + _FUSED_N])
@@ -220,9 +221,9 @@ def _bound_columns_fused(low_base: Tensor, two_a_top: Tensor, two_a: Tensor, a_s
     """``_bound_columns`` as one ``_bound_step`` broadcast over the N of the grid (the
     key-order terms gain an N dimension, the per-row ones a trailing one): the same
     operations on the same operands for every element, so the same bits. Compiled
-    (``compiled_float``), one call instead of one per N; the generated loops hold one
-    (K, R, NN, T) float64 buffer (the unselected keys' upper bounds, read by a maximum
-    and a count), hence at most ``_FUSED_N`` N a call."""
+    (``compiled_float``), one call instead of one per N; the generated loops hold
+    (K, R, NN, W) buffers (the selected keys' lower bounds) and compute the unselected
+    keys' upper bounds within each pass over T (``_bound_step``)."""
     def per_key(x: Tensor) -> Tensor:  # (..., T) -> (..., 1, T)
         return x.unsqueeze(-2)
 
