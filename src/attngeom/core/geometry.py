@@ -663,15 +663,16 @@ def _metrics_rows(
     that universe's: read off this pass's counts, and computed anew for those rows.
 
     The folded rows go through in pieces whose ``<v_u, s_N>`` (G, rows, NN, T) float64
-    takes two thirds of the kernels' byte budget, so that one ``final`` query's 16
-    random repeats need not hold them all at once; where the scores are not fused into
-    the counting, they go through each piece in blocks that take the last third
-    (``_metrics_folded``). The pieces do not depend on whether the kernels are
+    takes half the kernels' byte budget, so that one ``final`` query's 16 random
+    repeats need not hold them all at once. The fused, compiled counting holds one more
+    tensor of that size (its unselected copy of the scores); the plain one writes the
+    scores into ``<v_u, s_N>``'s buffer and counts in row blocks that take the other
+    half (``_counts_in_blocks``). The pieces do not depend on whether the kernels are
     compiled: a matrix product may round by its row count."""
     k, h, q, _ = top.shape
     fd = _Folding(k, h, q, group)
     t = alpha.shape[-1]
-    piece = max(1, 2 * temp_bytes(_CHUNK_BYTES) // max(1, 3 * 8 * fd.g * len(grid) * t))
+    piece = max(1, temp_bytes(_CHUNK_BYTES) // max(1, 2 * 8 * fd.g * len(grid) * t))
     piece = -(-fd.m // -(-fd.m // piece))  # pieces of even size: no row left alone
     rows = (fd.fold_rows(alpha), fd.fold_rows(universe), fd.fold(top))
     if sink_rows is not None:
@@ -827,8 +828,8 @@ def _counts_in_blocks(inner: Tensor, s2: Tensor, alpha_m: Tensor, univ_m: Tensor
     """The counts of folded rows, (G, M, NN) each, with the closeness scores computed
     plain into ``inner``'s own buffer (which this overwrites; the same operations on the
     same operands as the fused kernel, so the same bits). Uncompiled, the counting goes
-    through the rows in blocks whose temporaries take a third of the kernels' byte
-    budget; counts and extremes are exact, so blocks change nothing."""
+    through the rows in blocks whose temporaries take half the kernels' byte budget;
+    counts and extremes are exact, so blocks change nothing."""
     g, m, nn, t = inner.shape
     if distance == "euclidean":
         close = euclidean_close(inner, alpha_m, stats.sq_norms, out=inner)
@@ -842,7 +843,7 @@ def _counts_in_blocks(inner: Tensor, s2: Tensor, alpha_m: Tensor, univ_m: Tensor
     r = g * m
     rows = (close.reshape(r, nn, t), univ_m.reshape(r, t), top_m.reshape(r, -1))
     block = r if compile_enabled() else max(
-        1, temp_bytes(_CHUNK_BYTES) // max(1, 3 * _PLAIN_COUNT_BYTES * nn * t))
+        1, temp_bytes(_CHUNK_BYTES) // max(1, 2 * _PLAIN_COUNT_BYTES * nn * t))
     parts = [counting()(*(x[s : s + block] for x in rows), grid, drop)
              for s in range(0, r, block)]
     return [torch.cat([p[i] for p in parts]).reshape(g, m, nn) for i in range(len(parts[0]))]
