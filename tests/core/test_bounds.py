@@ -618,3 +618,47 @@ def test_no_bound_from_a_window_with_a_non_finite_value() -> None:
     for name in ("precision_bound", "recall_bound", "f_bound"):
         assert torch.isnan(b[name][:2]).all(), name
         assert torch.isfinite(b[name][2:, 2:]).all(), name
+
+
+def test_bound_step_counts_masked_keys_as_the_masked_upper_bounds_would() -> None:
+    """``_bound_step`` counts the unselected keys against the precision threshold on the
+    unmasked upper bounds (so that a compiler need not store them); a masked key (a
+    selected or non-universe one) must count exactly where -inf >= the threshold, as in
+    the masked form: never for a finite threshold, always for -inf. Checked against the
+    masked form on random steps, with some thresholds -inf (a lower bound of -inf)."""
+    from attngeom.core.bounds import _bound_step
+
+    gen = torch.Generator().manual_seed(7)
+    k, r, w, t = 3, 4, 5, 23
+    f64 = dict(dtype=torch.float64)
+    a = torch.rand(r, t, generator=gen, **f64)
+    a_top = torch.rand(k, r, w, generator=gen, **f64)
+    low_base = a_top * a_top
+    low_base[0, 0, 0] = -math.inf  # this row's threshold is -inf
+    rank = torch.randint(0, w + 3, (k, r, t), generator=gen, dtype=torch.int32)
+    open_keys = torch.rand(r, t, generator=gen) < 0.8
+    slots = torch.arange(w, dtype=torch.int32)
+    s = torch.rand(k, r, generator=gen, **f64)
+    a0 = torch.rand(r, generator=gen, **f64).expand(k, r)
+    has_sink = (torch.rand(r, generator=gen) < 0.5).expand(k, r)
+    sink_slot = torch.randint(0, w + 1, (k, r), generator=gen)
+    usize = torch.full((k, r), t)
+    tol2 = torch.full((k, r), 1e-9, **f64)
+    mu, c_lo, c_hi = (torch.full((k, r), x, **f64) for x in (0.3, -0.2, 0.4))
+    n, kk = torch.tensor(3.0, **f64), torch.tensor(3, dtype=torch.int32)
+    p, _, _ = _bound_step(low_base, 2 * a_top, 2 * a, a * a, open_keys, rank, slots, s, a0,
+                          has_sink, sink_slot, usize, tol2, mu, c_lo, c_hi, n, kk)
+    # the masked form, written out: U with -inf off the unselected keys, then counted
+    sink_sel = has_sink & (sink_slot < n)
+    a0_sel = torch.where(sink_sel, a0, 0.0)
+    low = torch.where(slots < kk, low_base - 2 * a_top * (mu * s - c_lo * a0_sel)[..., None],
+                      math.inf)
+    min_low = torch.minimum(low.amin(-1), torch.where(sink_sel, a0 * a0 + 2 * c_lo * a0 * s,
+                                                      math.inf))
+    up = torch.where(open_keys & (rank >= kk), 2 * a * (mu * s + c_hi * a0_sel)[..., None]
+                     - a * a, -math.inf)
+    up_sink = 2 * c_hi * a0 * s - a0 * a0
+    p_thr = min_low - tol2
+    cnt = (up >= p_thr[..., None]).sum(-1) + (has_sink & ~sink_sel & (up_sink >= p_thr))
+    assert bool((p_thr == -math.inf).any()) and bool((p_thr > -math.inf).any())
+    assert torch.equal(p, n / (n + cnt.to(torch.float64)))

@@ -215,3 +215,56 @@ def test_blocks_stop_at_each_n_also_against_infinite_scores():
             assert torch.equal(w, g), at_once
     for w, g in zip(want, count_metrics_fused(close, universe, top, grid), strict=True):
         assert torch.equal(w, g)
+
+
+def test_euclidean_close_into_its_input_buffer_keeps_every_bit():
+    """``euclidean_close(..., out=inner)`` (the plain counting writes the scores over
+    ``<v_u, s_N>``) gives the bits of the allocating form."""
+    gen = torch.Generator().manual_seed(11)
+    inner = torch.randn(3, 5, 4, 70, generator=gen, dtype=torch.float64) * 1e3
+    alpha = torch.rand(3, 5, 70, generator=gen, dtype=torch.float64) ** 5
+    sq = torch.rand(3, 70, generator=gen, dtype=torch.float64) * 1e6
+    want = kernels.euclidean_close(inner, alpha, sq)
+    buf = inner.clone()
+    got = kernels.euclidean_close(buf, alpha, sq, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, want)
+
+
+@given(seed=st.integers(0, 2**16), distance=st.sampled_from(["euclidean", "cosine"]),
+       budget=st.sampled_from([1, 5_000, 40_000, None]))
+@settings(max_examples=25, deadline=None)
+def test_plain_counting_in_row_blocks_equals_one_call(seed, distance, budget):
+    """``_counts_in_blocks`` (uncompiled: scores into the buffer of ``<v_u, s_N>``, rows
+    counted in blocks sized by the byte budget) gives the counts and extremes of one
+    counting call over scores computed apart, for both distances and any block size."""
+    from attngeom.core.batch import ValueStats
+    from attngeom.core.geometry import COSINE_EPS, _counts_in_blocks
+
+    gen = torch.Generator().manual_seed(seed)
+    g, m, t, grid = 2, 7, 61, (1, 2, 5, 16)
+    values = torch.randn(g, t, 6, generator=gen, dtype=torch.float64)
+    values[:, 3] = 0.0  # a zero vector
+    stats = ValueStats(values)
+    inner = torch.randn(g, m, len(grid), t, generator=gen, dtype=torch.float64)
+    inner[..., 20:30] = inner[..., 20:30].round()  # ties
+    s2 = torch.rand(g, m, len(grid), generator=gen, dtype=torch.float64) * 4
+    s2[0, 0] = 0.0
+    alpha = torch.rand(g, m, t, generator=gen, dtype=torch.float64) ** 3
+    universe = torch.rand(g, m, t, generator=gen) < 0.85
+    order = torch.argsort(torch.rand(g, m, t, generator=gen) + 2.0 * ~universe, dim=-1)
+    top = order[..., : max(grid)].contiguous()
+    a = alpha[:, :, None, :]
+    if distance == "euclidean":
+        close = kernels.euclidean_close(inner, alpha, sq_norms := stats.sq_norms)
+    else:
+        sq_norms = None
+        close = (a * inner) / (a * stats.norms[:, None, None, :]
+                               * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
+    want = count_metrics(close.reshape(g * m, len(grid), t), universe.reshape(g * m, t),
+                         top.reshape(g * m, -1), grid, True)
+    buf = inner.clone()
+    with kernels.compiling(False), kernels.temporaries(budget):
+        got = _counts_in_blocks(buf, s2, alpha, universe, top, stats, grid, distance, True)
+    assert sq_norms is None or torch.equal(buf, close)  # the scores went into the buffer
+    for w, x in zip(want, got, strict=True):
+        assert torch.equal(w.reshape(g, m, len(grid)), x), seed
