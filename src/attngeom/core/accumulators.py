@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from attngeom.core.batch import AttentionBatch, ValueStats
+from attngeom.core.bounds import bounds_of_top, inversion_bounds, window_constants
 from attngeom.core.geometry import TopNMetrics, topn_metrics_variants
 from attngeom.core.kernels import stacked_windows, temp_bytes
 from attngeom.core.protocol import Accumulator
@@ -159,14 +160,16 @@ class TopNAccumulator(Accumulator):
                 seed=cfg.seed, window=row_window, layer=batch.layer,
                 stats=batch.stats, head_index=row_head,
             )
+            cells_of = {variant: {rule: self._cell(res) for rule, res in by_rule.items()}
+                        for variant, by_rule in by_variant.items()}
+            if cfg.bounds and distance == "euclidean":
+                if constants is None:  # once per layer
+                    constants = _window_constants(batch)
+                alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0,
+                                           posinf=0.0, neginf=0.0)
+                self._add_bounds(cells_of, by_variant, batch, alpha64, constants)
             for variant, by_rule in by_variant.items():
-                cells = {rule: self._cell(res) for rule, res in by_rule.items()}
-                if cfg.bounds and distance == "euclidean":
-                    if constants is None:  # once per layer: both variants read them
-                        constants = _window_constants(batch)
-                        alpha64 = torch.nan_to_num(batch.alpha.to(torch.float64), nan=0.0,
-                                                   posinf=0.0, neginf=0.0)
-                    self._add_bounds(cells, by_rule, batch, alpha64, constants)
+                cells = cells_of[variant]
                 if distance == "euclidean" and "attention" in by_rule:
                     results[(variant, "attention", distance)] = by_rule["attention"]
                 for rule in cfg.rules:
@@ -201,44 +204,64 @@ class TopNAccumulator(Accumulator):
         )
 
     def _add_bounds(
-        self, cells: dict[str, _Cell], by_rule: dict[str, TopNMetrics], batch: AttentionBatch,
-        alpha64: Tensor, constants,
+        self, cells_of: dict[str, dict[str, _Cell]], by_variant: dict[str, dict[str, TopNMetrics]],
+        batch: AttentionBatch, alpha64: Tensor, constants,
     ) -> None:
-        from attngeom.core.bounds import bounds_of_top, inversion_bounds
+        """Add the bound sums of every variant and rule. Every rule's orders go in one
+        call (the K rows share the key-order terms); both variants' rows too, stacked
+        along the heads, where the stack's query rows fit one chunk (``final`` queries):
+        a row's bounds are computed on its own, and the chunks (whose key prefix can
+        decide how a row's float sums round) are then those of a call per variant."""
+        h, q, t = batch.alpha.shape
+        k = sum(res.valid.shape[0] for res in next(iter(by_variant.values())).values())
+        variants = list(by_variant)
+        together = len(variants) * 48 * k * h * t <= temp_bytes(_BOUND_CHUNK_BYTES) // max(1, q)
+        for group in ([variants] if together else [[v] for v in variants]):
+            bounds = self._bounds_of(group, by_variant, batch, alpha64, constants)
+            for i, variant in enumerate(group):
+                start = 0
+                for rule, res in by_variant[variant].items():
+                    sl = slice(start, start + res.valid.shape[0])
+                    start = sl.stop
+                    cols = {name: bounds[name][sl, i * h : (i + 1) * h]
+                            for name in ("precision_bound", "recall_bound", "f_bound")}
+                    cols["precision_inv_bound"], cols["recall_inv_bound"] = inversion_bounds(
+                        res.inversions, torch.tensor(res.n_grid))
+                    sums = {}
+                    for name, x in cols.items():
+                        ok = res.valid & torch.isfinite(x)
+                        sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
+                    cell = cells_of[variant][rule]
+                    cell.sums.update(sums)
+                    cell.bound_counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
 
-        universe = next(iter(by_rule.values())).universe  # the variant's, as the metrics'
-        # every rule's orders in one call (the K rows share the key-order terms)
-        tops = torch.cat([res.top for res in by_rule.values()])
-        k, h, q, t = tops.shape[0], *batch.alpha.shape
+    @staticmethod
+    def _bounds_of(group: list[str], by_variant: dict[str, dict[str, TopNMetrics]],
+                   batch: AttentionBatch, alpha64: Tensor, constants) -> dict[str, Tensor]:
+        """``bounds_of_top`` of the variants in ``group``, stacked along the heads (K
+        rule orders, len(group) H head rows)."""
+        firsts = [next(iter(by_variant[v].values())) for v in group]
+        tops = torch.cat([torch.cat([res.top for res in by_variant[v].values()])
+                          for v in group], dim=1)
+        universe = torch.cat([res.universe for res in firsts])  # as the metrics'
+        alpha = alpha64 if len(group) == 1 else alpha64.repeat(len(group), 1, 1)
+        kv = batch.kv_of_head.repeat(len(group))
+        k, hv, q, t = tops.shape[0], *alpha.shape
         # query rows in chunks; as in the metrics, each chunk stops at the last key its
         # rows can see (the first entries of ``top`` are then that prefix's own; later
         # ones are padding)
-        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * k * h * t))
+        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * k * hv * t))
         last = torch.where(universe.any(0), torch.arange(t, device=universe.device), -1)
         parts = []
         for s in range(0, q, step):
             sl = slice(s, s + step)
             tk = max(1, int(last[sl].amax()) + 1)
             parts.append(bounds_of_top(
-                alpha64[:, sl, :tk], batch.stats.key_prefix(tk), batch.kv_of_head,
+                alpha[:, sl, :tk], batch.stats.key_prefix(tk), kv,
                 tops[:, :, sl, : min(tk, tops.shape[-1])], universe[:, sl, :tk],
-                next(iter(by_rule.values())).n_grid, *constants,
+                firsts[0].n_grid, *constants,
             ))
-        bounds = {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
-        start = 0
-        for rule, res in by_rule.items():
-            sl = slice(start, start + res.valid.shape[0])
-            start = sl.stop
-            cols = {name: bounds[name][sl]
-                    for name in ("precision_bound", "recall_bound", "f_bound")}
-            cols["precision_inv_bound"], cols["recall_inv_bound"] = inversion_bounds(
-                res.inversions, torch.tensor(res.n_grid))
-            sums = {}
-            for name, x in cols.items():
-                ok = res.valid & torch.isfinite(x)
-                sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
-            cells[rule].sums.update(sums)
-            cells[rule].bound_counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
+        return {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
 
     def _sink_parts(self, full: TopNMetrics, nosink: TopNMetrics) -> dict[str, Tensor]:
         """F sums and counts per head row and N, split by whether the sink was selected."""
@@ -350,7 +373,5 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 
 def _window_constants(batch: AttentionBatch):
     """(mu, c_lo, c_hi) per kv head, measured on the window itself (method §8)."""
-    from attngeom.core.bounds import window_constants
-
     return window_constants(batch.stats)
 
