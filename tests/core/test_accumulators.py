@@ -375,3 +375,41 @@ def test_random_orders_take_a_universe_shared_by_the_heads() -> None:
     shared = select_order(alpha, norms, uni, "random", 4, **kw)
     assert torch.equal(shared, select_order(alpha, norms, uni.expand(h, 3, t), "random", 4,
                                             **kw))
+
+
+def test_both_variants_bounds_in_one_call_equal_a_call_each() -> None:
+    """``final`` rows: with a budget that holds both variants' bound rows the accumulator
+    stacks them into one ``bounds_of_top`` call, with half of it one call per variant;
+    the bound columns (and every other) are the same bits either way, on a window with a
+    sink among the first keys."""
+    from unittest import mock
+
+    from attngeom.core import accumulators
+    from attngeom.core.kernels import temporaries
+
+    gen = torch.Generator().manual_seed(4)
+    h, g, t = 4, 2, 50
+    qpos = torch.tensor([t - 1])
+    logits = torch.randn(h, 1, t, generator=gen)
+    logits[..., 0] += 3.0
+    alpha = torch.softmax(logits, -1)
+    values = torch.randn(g, t, 8, generator=gen)
+    cfg = TopNConfig(n_grid=(1, 2, 4, 8), repeats=3, bounds=True)
+    k = cfg.repeats + len(cfg.rules) - 1  # the orders of one variant's call
+    one = 48 * k * h * t  # the bytes of one variant's rows
+    tables, calls = [], []
+    for budget in (2 * one, one):  # both together, then one variant per call
+        acc = TopNAccumulator(cfg)
+        with temporaries(budget), mock.patch.object(
+                accumulators, "bounds_of_top", wraps=accumulators.bounds_of_top) as spy:
+            acc.update(AttentionBatch(0, 0, alpha, causal_visibility(qpos, t), qpos,
+                                      ValueStats(values)))
+        calls.append(spy.call_count)
+        tables.append(acc.compute()["metrics"])
+    assert calls == [1, 2]
+    for name, column in tables[0].items():
+        if column.dtype.kind == "f":
+            assert ((column == tables[1][name]) | (column != column)).all(), name
+        else:
+            assert (column == tables[1][name]).all(), name
+    assert np.isfinite(tables[0]["f_bound"]).any()
