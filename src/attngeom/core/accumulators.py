@@ -241,9 +241,10 @@ class TopNAccumulator(Accumulator):
         """``bounds_of_top`` of the variants in ``group``, stacked along the heads (K
         rule orders, len(group) H head rows)."""
         firsts = [next(iter(by_variant[v].values())) for v in group]
-        tops = torch.cat([torch.cat([res.top for res in by_variant[v].values()])
-                          for v in group], dim=1)
-        universe = torch.cat([res.universe for res in firsts])  # as the metrics'
+        tops = [torch.cat([res.top for res in by_variant[v].values()]) for v in group]
+        tops = tops[0] if len(group) == 1 else torch.cat(tops, dim=1)
+        universe = (firsts[0].universe if len(group) == 1  # as the metrics'
+                    else torch.cat([res.universe for res in firsts]))
         alpha = alpha64 if len(group) == 1 else alpha64.repeat(len(group), 1, 1)
         kv = batch.kv_of_head.repeat(len(group))
         k, hv, q, t = tops.shape[0], *alpha.shape

@@ -803,6 +803,8 @@ def _metrics_folded(
     else:
         counts = _counts_in_blocks(inner, s2, alpha_m, univ_m, top_m, stats, grid, distance,
                                    drop)
+    # ``own`` and ``read_off`` share tensors (``s2``, ``cmin``): ``_metrics_rows`` joins
+    # each into fresh ones (``torch.cat``) before ``_redo_sink_rows`` writes into them
     own = dict(zip(_COUNTS, counts[:5], strict=True))
     own["s2"] = s2
     own["sink_selected"] = (sink_slot < grid_t) & univ_m[..., 0, None]
@@ -818,7 +820,8 @@ _COUNTS = ("cmin", "cmax", "intruders", "clears", "inversions")  # what ``_score
 
 
 # bytes per (row, N, key) the plain counting holds beside the scores: its unselected
-# copy (8) and comparisons (1)
+# copy (8) and comparisons (1), and some slack (with N past 32 and few N, its sorted
+# thresholds add 16 / NN)
 _PLAIN_COUNT_BYTES = 12
 
 

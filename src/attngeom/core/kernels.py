@@ -169,6 +169,17 @@ def compiled_float(fn: Callable, fallback: Callable | None = None) -> Callable:
     return compiled(fn, fallback, cpu_only=True)
 
 
+def _fresh(view: Tensor) -> Tensor:
+    """A view as a tensor that is not one: without a copy where it covers its storage
+    from the start in order (``detach`` drops the view's link to its base; e.g. a
+    product reshaped, which a piece of the metrics must not hold twice), else a copy."""
+    if view.is_contiguous() and view.storage_offset() == 0:
+        out = view.detach()
+        if out._base is None:
+            return out
+    return view.clone()
+
+
 def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callable:
     fast = torch.compile(fn, dynamic=True, fullgraph=True)
     seen: set = set()
@@ -184,7 +195,7 @@ def _guarded(fn: Callable, plain: Callable, *, cpu_only: bool = False) -> Callab
         t0 = time.perf_counter()
         try:
             # a view and a fresh tensor are guarded apart (one graph each): pass fresh
-            args = tuple(a.clone() if isinstance(a, Tensor) and a._base is not None else a
+            args = tuple(_fresh(a) if isinstance(a, Tensor) and a._base is not None else a
                          for a in args)
             with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
                 out = fast(*args, **kwargs)
