@@ -215,7 +215,7 @@ class TopNAccumulator(Accumulator):
         h, q, t = batch.alpha.shape
         k = sum(res.valid.shape[0] for res in next(iter(by_variant.values())).values())
         variants = list(by_variant)
-        together = len(variants) * 48 * k * h * t <= temp_bytes(_BOUND_CHUNK_BYTES) // max(1, q)
+        together = _bound_rows(k, len(variants) * h, t) >= q
         for group in ([variants] if together else [[v] for v in variants]):
             bounds = self._bounds_of(group, by_variant, batch, alpha64, constants)
             for i, variant in enumerate(group):
@@ -251,7 +251,7 @@ class TopNAccumulator(Accumulator):
         # query rows in chunks; as in the metrics, each chunk stops at the last key its
         # rows can see (the first entries of ``top`` are then that prefix's own; later
         # ones are padding)
-        step = max(1, temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * k * hv * t))
+        step = max(1, _bound_rows(k, hv, t))
         last = torch.where(universe.any(0), torch.arange(t, device=universe.device), -1)
         parts = []
         for s in range(0, q, step):
@@ -370,6 +370,12 @@ def _concat(columns: dict[str, list]) -> dict[str, np.ndarray]:
 
 def _ratio(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
+
+
+def _bound_rows(orders: int, heads: int, t: int) -> int:
+    """Query rows whose bound temporaries (about 48 bytes per order, head and key) fit
+    the budget of one chunk (0 when not even one row does)."""
+    return temp_bytes(_BOUND_CHUNK_BYTES) // max(1, 48 * orders * heads * t)
 
 
 def _window_constants(batch: AttentionBatch):
