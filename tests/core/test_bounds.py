@@ -24,6 +24,7 @@ from attngeom.core.bounds import (
     certified_bounds,
     constant_norm_envelope,
     inversion_bounds,
+    sorted_descending,
     window_constants,
 )
 from attngeom.core.geometry import topn_metrics
@@ -662,3 +663,22 @@ def test_bound_step_counts_masked_keys_as_the_masked_upper_bounds_would() -> Non
     cnt = (up >= p_thr[..., None]).sum(-1) + (has_sink & ~sink_sel & (up_sink >= p_thr))
     assert bool((p_thr == -math.inf).any()) and bool((p_thr > -math.inf).any())
     assert torch.equal(p, n / (n + cnt.to(torch.float64)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 40)),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       levels=st.integers(1, 6), seed=st.integers(0, 2**16), nan=st.booleans())
+def test_sorted_descending_is_torch_sort(shape, dtype, levels, seed, nan):
+    """NumPy's sort (float32, float64) or torch's (other dtypes) give torch.sort's values:
+    ties (few distinct levels), NaN first as in torch's descending order, strided input."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randint(0, levels, shape, generator=gen).to(torch.float64) / levels).to(dtype)
+    if nan and x.numel():
+        x.view(-1)[0] = float("nan")
+    wide = torch.cat([x, x], dim=-1)[..., ::2] if x.shape[-1] else x  # a strided view
+    for v in (x, wide):
+        got, want = sorted_descending(v), torch.sort(v, dim=-1, descending=True).values
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))

@@ -434,3 +434,29 @@ def test_orders_are_those_of_the_split_multiply(monkeypatch):
     fast = members(seed=3, window=5, layer=2, size=64)
     monkeypatch.setattr(kernels, "_mul32", _split_mul32)
     assert torch.equal(fast, members(seed=3, window=5, layer=2, size=64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(-2**40, 2**70), window=st.integers(0, 2**40), layer=st.integers(0, 200),
+       heads=st.lists(st.integers(0, 2**33), min_size=1, max_size=4),
+       positions=st.lists(st.integers(0, 2**20), min_size=1, max_size=3),
+       repeats=st.integers(1, 3), per_row=st.booleans())
+def test_row_states_are_the_coordinate_chain(seed, window, layer, heads, positions, repeats,
+                                             per_row):
+    """Each chain is combine() over (window, layer, head, t, k) from fold(seed) ^ salt,
+    evaluated here one row at a time on Python ints (a window per head row or one for
+    all: the same states)."""
+    from attngeom.core.kernels import combine
+    from attngeom.core.random_control import _fold
+
+    windows = [window + 3 * i for i in range(len(heads))] if per_row else [window] * len(heads)
+    got = row_states(seed, torch.tensor(windows) if per_row else window, layer,
+                     torch.tensor(heads), torch.tensor(positions), repeats)
+    for c, salt in enumerate((0x243F6A88, 0x85A308D3)):
+        assert got[c].shape == (repeats, len(heads), len(positions), 1)
+        for k, (i, h), (j, t) in itertools.product(range(repeats), enumerate(heads),
+                                                   enumerate(positions)):
+            state = _fold(seed) ^ salt
+            for coord in (_fold(windows[i]), _fold(layer), h & 0xFFFFFFFF, t, k):
+                state = combine(state, coord)
+            assert int(got[c][k, i, j, 0]) == state, (c, k, h, t)

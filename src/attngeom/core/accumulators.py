@@ -91,7 +91,7 @@ class _Cell:
 
 
 def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
-    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dims)
+    return torch.where(mask, x, 0).sum(dims)  # a Python 0 keeps x's dtype
 
 
 @dataclass

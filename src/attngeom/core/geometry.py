@@ -556,13 +556,16 @@ def topn_metrics_variants(
         usize = sizes[variant]
         valid = ((grid_t >= 1) & (grid_t[None, None, :] < usize[..., None])
                  & ~nonfinite[variant][..., None])
+        # NaN where N is invalid, once for every rule's orders (the rules share the rows)
+        invalid = ~valid
+        filled = {name: out[name].masked_fill(invalid, float("nan")) for name in METRICS}
         results[variant], start = {}, 0
         for rule in rules:
             sl = slice(start, start + ks[rule])
             start += ks[rule]
             mine = valid[None].expand(ks[rule], h, q, len(grid)).clone()
             results[variant][rule] = TopNMetrics(
-                **{name: out[name][sl].masked_fill(~mine, float("nan")) for name in METRICS},
+                **{name: filled[name][sl] for name in METRICS},
                 valid=mine,
                 trivial=trivial,
                 nonfinite=nonfinite[variant],

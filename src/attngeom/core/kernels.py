@@ -427,8 +427,8 @@ _C2 = 0x846CA68B
 _GOLDEN = 0x9E3779B9
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """(x * c) mod 2**32 for 0 <= x < 2**32 and c < 2**32.
+def _mul32(x: Tensor | int, c: int) -> Tensor | int:
+    """(x * c) mod 2**32 for 0 <= x < 2**32 and c < 2**32 (an int64 tensor or a Python int).
 
     The int64 product may pass 2**63; torch's integer multiply wraps modulo 2**64 (two's
     complement, on CPU, compiled C++ and CUDA alike), and the low 32 bits of a product
@@ -438,8 +438,9 @@ def _mul32(x: Tensor, c: int) -> Tensor:
     return (x * c) & _M32
 
 
-def hash32(x: Tensor) -> Tensor:
-    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32)."""
+def hash32(x: Tensor | int) -> Tensor | int:
+    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32), or on a Python
+    int (the same bits)."""
     x = x & _M32
     x = x ^ (x >> 16)
     x = _mul32(x, _C1)
@@ -449,7 +450,7 @@ def hash32(x: Tensor) -> Tensor:
     return x
 
 
-def combine(state: Tensor, coord: Tensor) -> Tensor:
+def combine(state: Tensor | int, coord: Tensor | int) -> Tensor | int:
     return hash32(state ^ hash32((coord + _GOLDEN) & _M32))
 
 

@@ -31,7 +31,7 @@ import functools
 import torch
 from torch import Tensor
 
-from attngeom.core.kernels import _M32, combine, hash32, hashed_positions
+from attngeom.core.kernels import _GOLDEN, _M32, combine, hash32, hashed_positions
 from attngeom.names import RANDOM_CONTROL as SCHEME  # noqa: F401 - this module's scheme
 
 
@@ -59,22 +59,34 @@ def row_states(seed: int, window: int | Tensor, layer: int, heads: Tensor, posit
     ``heads`` are query-head indices and ``positions`` the query positions t; ``window``
     is one window index, or one per entry of ``heads`` when rows of several windows are
     stacked along the head dimension (the states are the same either way).
+
+    Each chain is ``combine`` over (window, layer, head, t, k) in that order, from
+    ``_fold(seed) ^ salt``. The scalar links run on Python ints (``hash32`` and
+    ``combine`` take them as they take int64 tensors, with the same bits) and each
+    tensor coordinate's own hash (the half of ``combine`` that does not depend on the
+    state) is computed once for both chains: a few dozen tensor operations a call,
+    where a chain of tensor ``combine`` calls took a few hundred.
     """
     device = heads.device
-    heads = heads.to(torch.int64).reshape(1, -1, 1, 1)
-    positions = positions.to(device=device, dtype=torch.int64).reshape(1, 1, -1, 1)
-    ks = torch.arange(repeats, dtype=torch.int64, device=device).reshape(-1, 1, 1, 1)
+    heads = heads.to(torch.int64).reshape(-1) & _M32
+    positions = positions.to(device=device, dtype=torch.int64).reshape(-1) & _M32
+    coords = [heads, positions, torch.arange(repeats, dtype=torch.int64, device=device)]
+    per_row = isinstance(window, Tensor)
+    if per_row:
+        coords.append(_fold_coord(window, device).reshape(-1))
+    hashed = hashed_positions(torch.cat(coords)).split([c.numel() for c in coords])
+    h_heads, h_pos, h_ks = (hashed[0].reshape(1, -1, 1, 1), hashed[1].reshape(1, 1, -1, 1),
+                            hashed[2].reshape(-1, 1, 1, 1))
+    layer_link = hash32(_fold(layer) + _GOLDEN)
     states = []
     for salt in (0x243F6A88, 0x85A308D3):
-        state = torch.tensor(_fold(seed) ^ salt, dtype=torch.int64, device=device)
-        state = combine(state, _fold_coord(window, device).reshape(1, -1, 1, 1)
-                        if isinstance(window, Tensor) else
-                        torch.tensor(_fold(window), dtype=torch.int64, device=device))
-        state = combine(state, torch.tensor(_fold(layer), dtype=torch.int64, device=device))
-        state = combine(state, heads & _M32)
-        state = combine(state, positions & _M32)
-        state = combine(state, ks)
-        states.append(state.expand(repeats, heads.shape[1], positions.shape[2], 1))
+        state = _fold(seed) ^ salt
+        if per_row:
+            chain = hash32(hash32(hashed[3] ^ state) ^ layer_link).reshape(1, -1, 1, 1)
+        else:
+            chain = hash32(combine(state, _fold(window)) ^ layer_link)
+        chain = hash32(hash32(hash32(h_heads ^ chain) ^ h_pos) ^ h_ks)
+        states.append(chain.expand(repeats, heads.numel(), positions.numel(), 1))
     return states[0], states[1]
 
 

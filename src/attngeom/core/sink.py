@@ -113,7 +113,7 @@ def sink_query_stats(
     """
     grid = grid_of(n_grid)
     universe = universe.to(torch.bool)
-    alpha = torch.where(universe, alpha, torch.zeros((), dtype=alpha.dtype, device=alpha.device))
+    alpha = torch.where(universe, alpha, 0.0)
     usize = universe.sum(-1)
     a0 = alpha[..., SINK]
     beats = ((alpha > a0[..., None]) & universe).sum(-1)
@@ -174,7 +174,7 @@ def sink_pair_sums(
     usize = universe.sum(-1)
     ok = (usize >= 2) & finite_rows(alpha, universe)
     pair = universe & far[None] & ok[..., None]
-    a = torch.where(pair, alpha, torch.zeros((), dtype=alpha.dtype, device=alpha.device))
+    a = torch.where(pair, alpha, 0.0)
     inv = 1.0 / usize.clamp_min(1).to(torch.float64)
     return {
         "share": a.to(torch.float64).sum(1),
