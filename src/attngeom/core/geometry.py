@@ -774,7 +774,6 @@ def _metrics_folded(
     in_u = torch.arange(nmax, device=device) < usize[..., None]  # padding past |U|
     a_top = torch.gather(alpha_m, -1, top_m) * in_u
     grid_t = torch.tensor(grid, device=device, dtype=torch.int64)
-    kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha_m.dtype)
 
     if use_gram:
         inner, s2 = _inner_gram(stats, top_m, a_top, grid, nmax)
@@ -787,6 +786,7 @@ def _metrics_folded(
         # Euclidean comparisons need no such care: there the noise is negligible against
         # alpha^2 ||v||^2.)
         lengths = a_top * torch.gather(stats.norms[:, None].expand(g, m, t), -1, top_m)
+        kmask = (torch.arange(nmax, device=device)[:, None] < grid_t[None, :]).to(alpha_m.dtype)
         scale = (lengths[:, :, None, :] * kmask.T).sum(-1)
         limit = _CANCEL * grid_t.to(alpha_m.dtype)[None, None, :] * scale * scale
         degenerate = s2 <= limit
