@@ -2,7 +2,9 @@
 
 The machine is shared and noisy, so only ratios are reported, each against a baseline
 run in the same process on the same input (the median of a few repeats, baseline and
-analysis interleaved):
+analysis interleaved; beside it, in brackets and as ``pair_ratio_low``/``_high``, the
+smallest and largest ratio of one baseline run and the analysis run after it, which
+shows how far a single ratio moves):
 
 * ``eager``: the eager forward with ``output_attentions`` (what hook-based tools do)
   over the plain sdpa forward;
@@ -93,13 +95,21 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def side_by_side(baseline, candidate, repeats: int) -> tuple[float, float]:
-    """Median seconds of both, interleaved so that load changes hit both alike."""
+def paired(baseline, candidate, repeats: int) -> tuple[float, float, tuple[float, float]]:
+    """Median seconds of both, interleaved so that load changes hit both alike, and the
+    smallest and largest ratio candidate / baseline of one pair (run one after the
+    other): how far a single ratio moves on this machine."""
     base, cand = [], []
     for _ in range(repeats):
         base.append(_time(baseline))
         cand.append(_time(candidate))
-    return statistics.median(base), statistics.median(cand)
+    ratios = [c / b for b, c in zip(base, cand, strict=True)]
+    return statistics.median(base), statistics.median(cand), (min(ratios), max(ratios))
+
+
+def side_by_side(baseline, candidate, repeats: int) -> tuple[float, float]:
+    """``paired``'s two medians."""
+    return paired(baseline, candidate, repeats)[:2]
 
 
 class Bench:
@@ -148,11 +158,12 @@ class Bench:
         def run() -> None:
             holder["acc"] = self.stream(cfg)
 
-        t_base, t_run = side_by_side(base_fn, run, repeats)
+        t_base, t_run, (low, high) = paired(base_fn, run, repeats)
         t_frames = _time(lambda: holder["acc"].frames(model="bench", corpus="bench"))
         return {"mode": mode, "compiled": compiled, "against": against,
                 "baseline_s": t_base, "stream_s": t_run, "frames_s": t_frames,
-                "ratio": t_run / t_base, "ratio_with_frames": (t_run + t_frames) / t_base,
+                "ratio": t_run / t_base, "pair_ratio_low": low, "pair_ratio_high": high,
+                "ratio_with_frames": (t_run + t_frames) / t_base,
                 "first_call_s": first, "compile_s": compile_s}
 
 
@@ -210,11 +221,12 @@ def run_model(name: str, model, lengths, modes, repeats: int, compile_too: bool)
     out = []
     for t in lengths:
         bench = Bench(model, t)
-        t_plain, t_eager = side_by_side(bench.plain, bench.eager, repeats)
+        t_plain, t_eager, (low, high) = paired(bench.plain, bench.eager, repeats)
         base = {"model": name, "window_length": t, "layers": bench.layout.num_layers,
                 "heads": bench.layout.num_heads, "kv_heads": bench.layout.num_kv_heads}
         out.append({**base, "mode": "eager_output_attentions", "against": "plain",
-                    "baseline_s": t_plain, "stream_s": t_eager, "ratio": t_eager / t_plain})
+                    "baseline_s": t_plain, "stream_s": t_eager, "ratio": t_eager / t_plain,
+                    "pair_ratio_low": low, "pair_ratio_high": high})
         for mode in modes:
             against = "eager" if mode.startswith("all") else "plain"
             on = bench if BATCH.get(mode, 1) == 1 else Bench(model, t, BATCH[mode])
@@ -230,8 +242,10 @@ def _line(row: dict) -> str:
     tag = " compiled" if row.get("compiled") else ""
     extra = (f" (+ tables {row['frames_s']:.2f} s once per run; compile "
              f"{row['compile_s']:.1f} s once)" if "frames_s" in row else "")
+    spread = (f" [pairs {row['pair_ratio_low']:.2f}-{row['pair_ratio_high']:.2f}]"
+              if "pair_ratio_low" in row else "")
     return (f"{row['model']:>14} T={row['window_length']:<5} {row['mode'] + tag:34s} "
-            f"{row['ratio']:6.2f}x {row['against']}{extra}")
+            f"{row['ratio']:6.2f}x {row['against']}{spread}{extra}")
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analysis import Bench, side_by_side  # noqa: E402
+from bench_analysis import Bench, paired  # noqa: E402
 from bench_memory import MMAP_THRESHOLD, _reset_peak, _status_kb, _trim  # noqa: E402
 
 WINDOW, BATCH = 1024, 4
@@ -93,17 +93,19 @@ def timing(threads: int, repeats: int) -> dict:
     case = RealCase(threads)
     case.final()
     case.plain()
-    t_plain, t_final = side_by_side(case.plain, case.final, repeats)
+    t_plain, t_final, spread = paired(case.plain, case.final, repeats)
     before = kernels.compile_seconds()
     t0 = time.perf_counter()
     case.final(compiled=True)
     first = time.perf_counter() - t0
     compile_s = kernels.compile_seconds() - before
-    t_plain_c, t_compiled = side_by_side(case.plain, lambda: case.final(compiled=True),
-                                         repeats)
+    t_plain_c, t_compiled, spread_c = paired(case.plain,
+                                             lambda: case.final(compiled=True), repeats)
     return {"plain_s": t_plain, "final_s": t_final, "final_over_plain": t_final / t_plain,
+            "final_over_plain_pairs": list(spread),
             "plain_s_beside_compiled": t_plain_c, "final_compiled_s": t_compiled,
             "final_compiled_over_plain": t_compiled / t_plain_c,
+            "final_compiled_over_plain_pairs": list(spread_c),
             "compiled_first_call_s": first, "compile_s": compile_s}
 
 
@@ -146,9 +148,12 @@ def main() -> None:
             print(f"memory {mode:6s} {row['status']}: {row['stderr_tail']}", flush=True)
     times = _child(["--timing", *common], malloc=False)
     if "final_over_plain" in times:
-        print(f"time   final {times['final_over_plain']:.2f}x plain, compiled "
-              f"{times['final_compiled_over_plain']:.2f}x (plain forward of the batch "
-              f"{times['plain_s']:.1f} s; compile {times['compile_s']:.1f} s once)")
+        lo, hi = times["final_over_plain_pairs"]
+        lo_c, hi_c = times["final_compiled_over_plain_pairs"]
+        print(f"time   final {times['final_over_plain']:.2f}x plain [pairs {lo:.2f}-{hi:.2f}], "
+              f"compiled {times['final_compiled_over_plain']:.2f}x [pairs {lo_c:.2f}-{hi_c:.2f}]"
+              f" (plain forward of the batch {times['plain_s']:.1f} s; compile "
+              f"{times['compile_s']:.1f} s once)")
         if all("above_model_gb" in memory[m] for m in ("plain", "final")):
             ratio = memory["final"]["above_model_gb"] / memory["plain"]["above_model_gb"]
             print(f"memory final {ratio:.2f}x plain above the model")

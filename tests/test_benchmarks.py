@@ -131,3 +131,25 @@ def _counts(dist: torch.Tensor, selected: torch.Tensor, keys: torch.Tensor) -> t
     far = dist[selected].max()
     inversions = int((dist[keys][None, :] <= dist[selected][:, None]).sum())
     return int((dist[keys] <= far).sum()), float(dist[keys].min()), inversions
+
+
+def test_paired_timing_reports_medians_and_the_range_of_pair_ratios(monkeypatch) -> None:
+    """Interleaved baseline / candidate runs: the medians of each, and the smallest and
+    largest ratio of one pair, which the printed line shows in brackets."""
+    import bench_analysis
+
+    seconds = iter([1.0, 2.0, 2.0, 2.0, 4.0, 2.0])  # baseline, candidate, ...
+    calls = []
+
+    def fake(fn):
+        calls.append(fn)
+        return next(seconds)
+
+    monkeypatch.setattr(bench_analysis, "_time", fake)
+    base, cand, (low, high) = bench_analysis.paired("b", "c", 3)
+    assert calls == ["b", "c"] * 3
+    assert (base, cand, low, high) == (2.0, 2.0, 0.5, 2.0)
+    line = bench_analysis._line({"model": "m", "window_length": 8, "mode": "final",
+                                 "ratio": cand / base, "against": "plain",
+                                 "pair_ratio_low": low, "pair_ratio_high": high})
+    assert "1.00x plain [pairs 0.50-2.00]" in line
