@@ -134,7 +134,7 @@ def sorted_descending(x: Tensor) -> Tensor:
     for 16 rows of 1023)."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return torch.sort(x, dim=-1, descending=True).values
-    return torch.from_numpy(np.sort(x.numpy(), axis=-1)[..., ::-1].copy())
+    return torch.from_numpy(np.sort(x.detach().numpy(), axis=-1)[..., ::-1].copy())
 
 
 def _as_param(x: Tensor | float, like: Tensor) -> Tensor:
