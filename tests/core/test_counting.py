@@ -136,6 +136,25 @@ def test_compiled_euclidean_counting_equals_plain():
             assert torch.equal(w, p) and torch.equal(w, c)
 
 
+def test_compiled_kernels_allow_more_graphs_than_dynamos_default():
+    """A compiled kernel may need more graphs than dynamo's default limit of 8 (one per
+    stretch of the grid a run's key prefixes cross): 10 here, one per dtype and rank,
+    all compiled (no fallback), and dynamo's own limit is left as it was."""
+    before = torch._dynamo.config.recompile_limit
+
+    def double(x):
+        return x * 2
+
+    with kernels.compiling(True), mock.patch.dict(kernels._STATE, broken=False):
+        wrapped = kernels._guarded(double, double)
+        for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8):
+            for shape in ((3,), (3, 2)):
+                x = torch.ones(shape, dtype=dtype)
+                assert torch.equal(wrapped(x), x * 2)
+        assert not kernels._STATE["broken"]
+    assert torch._dynamo.config.recompile_limit == before
+
+
 def test_compiled_float_runs_plain_off_the_cpu():
     """Float kernels are compiled for CPU tensors only (elsewhere a compiler may contract
     multiply-adds): a tensor on another device goes to the plain function."""
