@@ -216,6 +216,7 @@ class TopNAccumulator(Accumulator):
         k = sum(res.valid.shape[0] for res in next(iter(by_variant.values())).values())
         variants = list(by_variant)
         together = _bound_rows(k, len(variants) * h, t) >= q
+        grid = torch.tensor(next(iter(by_variant[variants[0]].values())).n_grid)
         for group in ([variants] if together else [[v] for v in variants]):
             bounds = self._bounds_of(group, by_variant, batch, alpha64, constants)
             for i, variant in enumerate(group):
@@ -226,14 +227,14 @@ class TopNAccumulator(Accumulator):
                     cols = {name: bounds[name][sl, i * h : (i + 1) * h]
                             for name in ("precision_bound", "recall_bound", "f_bound")}
                     cols["precision_inv_bound"], cols["recall_inv_bound"] = inversion_bounds(
-                        res.inversions, torch.tensor(res.n_grid))
+                        res.inversions, grid)
                     sums = {}
                     for name, x in cols.items():
                         ok = res.valid & torch.isfinite(x)
                         sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
                     cell = cells_of[variant][rule]
                     cell.sums.update(sums)
-                    cell.bound_counts = res.valid.sum((0, 2)).to(torch.float64).cpu()
+                    cell.bound_counts = cell.counts.clone()  # the same valid entries
 
     @staticmethod
     def _bounds_of(group: list[str], by_variant: dict[str, dict[str, TopNMetrics]],
