@@ -414,3 +414,18 @@ def test_both_variants_bounds_in_one_call_equal_a_call_each() -> None:
         else:
             assert (column == tables[1][name]).all(), name
     assert np.isfinite(tables[0]["f_bound"]).any()
+
+
+def test_cell_sums_own_their_storage() -> None:
+    """Every sum of a cell is its own tensor, never a view of the stacked sums: a pickled
+    shard stores a view's whole storage, so views would hold each stack once per column."""
+    from attngeom.core.accumulators import BOUND_COLUMNS
+
+    acc = TopNAccumulator(_cfg(bounds=True, distances=("euclidean",)))
+    (batch,) = _batches(0, 1)
+    acc.update(batch)
+    assert acc.cells
+    for cell in acc.cells.values():
+        assert set(cell.sums) == {*METRICS, *BOUND_COLUMNS}
+        for x in (*cell.sums.values(), cell.counts, cell.bound_counts):
+            assert x.untyped_storage().nbytes() == x.numel() * x.element_size()

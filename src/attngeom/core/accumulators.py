@@ -94,6 +94,15 @@ def _masked_sum(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     return torch.where(mask, x, 0).sum(dims)  # a Python 0 keeps x's dtype
 
 
+def _stacked_sums(names: tuple[str, ...], stack: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """{name: (H, NN) sum over the valid (K, Q) entries} of a (len(names), K, H, Q, NN)
+    stack, in one pass and one copy to the CPU (``mask`` broadcasts to the stack). Each
+    sum is its own tensor, not a view of the stack's: a pickled shard holds a view's
+    whole storage."""
+    total = _masked_sum(stack, mask, (1, 3)).cpu()
+    return {name: x.clone() for name, x in zip(names, total, strict=True)}
+
+
 @dataclass
 class TopNAccumulator(Accumulator):
     """Accumulates method §4 metrics (and the method §8 per-query bounds) window by window.
@@ -194,10 +203,9 @@ class TopNAccumulator(Accumulator):
 
     def _cell(self, res: TopNMetrics) -> _Cell:
         valid = res.valid
-        sums = {name: _masked_sum(res.metric(name), valid, (0, 2)).cpu() for name in METRICS}
         k, h, q, nn = valid.shape
         return _Cell(
-            sums=sums,
+            sums=_stacked_sums(METRICS, res.metrics_stack(), valid),
             counts=valid.sum((0, 2)).to(torch.float64).cpu(),
             entries=torch.full((h, nn), float(k * q), dtype=torch.float64),
             nonfinite=res.nonfinite.sum(-1).cpu(),
@@ -216,7 +224,8 @@ class TopNAccumulator(Accumulator):
         k = sum(res.valid.shape[0] for res in next(iter(by_variant.values())).values())
         variants = list(by_variant)
         together = _bound_rows(k, len(variants) * h, t) >= q
-        grid = torch.tensor(next(iter(by_variant[variants[0]].values())).n_grid)
+        grid = torch.tensor(next(iter(by_variant[variants[0]].values())).n_grid,
+                            dtype=torch.float64)
         for group in ([variants] if together else [[v] for v in variants]):
             bounds = self._bounds_of(group, by_variant, batch, alpha64, constants)
             for i, variant in enumerate(group):
@@ -224,23 +233,20 @@ class TopNAccumulator(Accumulator):
                 for rule, res in by_variant[variant].items():
                     sl = slice(start, start + res.valid.shape[0])
                     start = sl.stop
-                    cols = {name: bounds[name][sl, i * h : (i + 1) * h]
-                            for name in ("precision_bound", "recall_bound", "f_bound")}
-                    cols["precision_inv_bound"], cols["recall_inv_bound"] = inversion_bounds(
-                        res.inversions, grid)
-                    sums = {}
-                    for name, x in cols.items():
-                        ok = res.valid & torch.isfinite(x)
-                        sums[name] = _masked_sum(x, ok, (0, 2)).cpu()
+                    # the five bound columns (BOUND_COLUMNS order) in one tensor
+                    cols = torch.cat([bounds[:, sl, i * h : (i + 1) * h],
+                                      torch.stack(inversion_bounds(res.inversions, grid))])
+                    ok = res.valid & torch.isfinite(cols)
                     cell = cells_of[variant][rule]
-                    cell.sums.update(sums)
+                    cell.sums.update(_stacked_sums(BOUND_COLUMNS, cols, ok))
                     cell.bound_counts = cell.counts.clone()  # the same valid entries
 
     @staticmethod
     def _bounds_of(group: list[str], by_variant: dict[str, dict[str, TopNMetrics]],
-                   batch: AttentionBatch, alpha64: Tensor, constants) -> dict[str, Tensor]:
+                   batch: AttentionBatch, alpha64: Tensor, constants) -> Tensor:
         """``bounds_of_top`` of the variants in ``group``, stacked along the heads (K
-        rule orders, len(group) H head rows)."""
+        rule orders, len(group) H head rows): (3, K, len(group) H, Q, NN), the bounds of
+        precision, recall and F in that order."""
         firsts = [next(iter(by_variant[v].values())) for v in group]
         tops = [torch.cat([res.top for res in by_variant[v].values()]) for v in group]
         tops = tops[0] if len(group) == 1 else torch.cat(tops, dim=1)
@@ -263,7 +269,10 @@ class TopNAccumulator(Accumulator):
                 tops[:, :, sl, : min(tk, tops.shape[-1])], universe[:, sl, :tk],
                 firsts[0].n_grid, *constants,
             ))
-        return {name: torch.cat([p[name] for p in parts], dim=2) for name in parts[0]}
+        names = BOUND_COLUMNS[:3]
+        if len(parts) == 1:
+            return torch.stack([parts[0][name] for name in names])
+        return torch.stack([torch.cat([p[name] for p in parts], dim=2) for name in names])
 
     def _sink_parts(self, full: TopNMetrics, nosink: TopNMetrics) -> dict[str, Tensor]:
         """F sums and counts per head row and N, split by whether the sink was selected."""

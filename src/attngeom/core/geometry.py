@@ -34,7 +34,7 @@ head h // (H // G)); results (K, H, Q, NN) with K the random repeats (1 otherwis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -83,9 +83,18 @@ class TopNMetrics:
     top: Tensor
     universe: Tensor
     n_grid: tuple[int, ...]
+    # (len(METRICS), K, H, Q, NN): the metrics in ``METRICS`` order in one tensor, of
+    # which the fields above are views (so that the accumulator sums them in one pass)
+    stacked: Tensor | None = field(default=None, repr=False)
 
     def metric(self, name: str) -> Tensor:
         return getattr(self, name)
+
+    def metrics_stack(self) -> Tensor:
+        """(len(METRICS), K, H, Q, NN) every metric, in ``METRICS`` order."""
+        if self.stacked is not None:
+            return self.stacked
+        return torch.stack([self.metric(name) for name in METRICS])
 
     @property
     def order(self) -> Tensor:
@@ -557,15 +566,16 @@ def topn_metrics_variants(
         valid = ((grid_t >= 1) & (grid_t[None, None, :] < usize[..., None])
                  & ~nonfinite[variant][..., None])
         # NaN where N is invalid, once for every rule's orders (the rules share the rows)
-        invalid = ~valid
-        filled = {name: out[name].masked_fill(invalid, float("nan")) for name in METRICS}
+        filled = torch.stack([out[name] for name in METRICS]).masked_fill_(~valid, float("nan"))
         results[variant], start = {}, 0
         for rule in rules:
             sl = slice(start, start + ks[rule])
             start += ks[rule]
             mine = valid[None].expand(ks[rule], h, q, len(grid)).clone()
+            stacked = filled[:, sl]
             results[variant][rule] = TopNMetrics(
-                **{name: filled[name][sl] for name in METRICS},
+                **{name: stacked[i] for i, name in enumerate(METRICS)},
+                stacked=stacked,
                 valid=mine,
                 trivial=trivial,
                 nonfinite=nonfinite[variant],
