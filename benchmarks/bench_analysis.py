@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,24 @@ def _time(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def source_commit() -> str | None:
+    """The commit a benchmark measured (short hash, with "+changes" when the package or
+    the benchmark scripts differ from it), or None outside a git checkout."""
+    root = str(Path(__file__).resolve().parent.parent)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "src",
+                      "benchmarks/*.py")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
 
 
 def paired(baseline, candidate, repeats: int) -> tuple[float, float, tuple[float, float]]:
@@ -258,7 +277,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 5
     lengths = (256, 512) if args.quick else (512, 1024, 2048)
-    results = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+    results = {"commit": source_commit(), "torch": torch.__version__,
+               "threads": torch.get_num_threads(),
                "machine": platform.processor() or platform.machine(), "rows": []}
     big = random_llama()
     for t in lengths:

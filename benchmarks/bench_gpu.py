@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analysis import MODES, Bench, side_by_side  # noqa: E402
+from bench_analysis import MODES, Bench, side_by_side, source_commit  # noqa: E402
 
 from attngeom.core import kernels  # noqa: E402
 
@@ -227,7 +227,8 @@ def main() -> None:
     name = f"llama-{shape['layers']}x{shape['hidden']}-kv{shape['kv_heads']}"
     print(f"{name}: {params / 1e6:,.1f} M parameters, {dtype_name} on {args.device} "
           f"(built in {build_s:.1f} s)", flush=True)
-    results = {"torch": torch.__version__, "device": args.device, "dtype": dtype_name,
+    results = {"commit": source_commit(), "torch": torch.__version__, "device": args.device,
+               "dtype": dtype_name,
                "gpu": torch.cuda.get_device_name(args.device) if on_cuda else None,
                "machine": platform.processor() or platform.machine(),
                "model": {"name": name, **shape, "parameters": params},

@@ -263,7 +263,7 @@ def main() -> None:
         sys.exit("bench_memory: needs Linux (/proc/self/clear_refs and VmHWM)")
 
     import torch
-    from bench_analysis import random_llama
+    from bench_analysis import random_llama, source_commit
 
     shape = {k: p.default for k, p in inspect.signature(random_llama).parameters.items()}
     layers, hidden, heads, kv_heads = (shape[k] for k in ("layers", "hidden", "heads",
@@ -309,6 +309,7 @@ def main() -> None:
     if args.json:
         results = {
             "what": "peak RSS above the RSS before the call (GB), one window, batch 1",
+            "commit": source_commit(),
             "torch": torch.__version__, "threads": args.threads,
             "machine": platform.processor() or platform.machine(),
             "model": {"layers": layers, "hidden": hidden, "heads": heads,

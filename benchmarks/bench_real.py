@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analysis import Bench, paired  # noqa: E402
+from bench_analysis import Bench, paired, source_commit  # noqa: E402
 from bench_memory import MMAP_THRESHOLD, _reset_peak, _status_kb, _trim  # noqa: E402
 
 WINDOW, BATCH = 1024, 4
@@ -162,7 +162,8 @@ def main() -> None:
     if args.json:
         import torch
 
-        out = {"model": "smollm2-135m (GGUF Q4_1, dequantised to float32)",
+        out = {"commit": source_commit(),
+               "model": "smollm2-135m (GGUF Q4_1, dequantised to float32)",
                "corpus": "wikitext-2-test", "window_length": WINDOW, "batch_size": BATCH,
                "threads": args.threads, "repeats": args.repeats, "memory": memory,
                "time": times, "torch": torch.__version__, "python": platform.python_version(),

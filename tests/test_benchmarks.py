@@ -50,10 +50,34 @@ def test_gpu_benchmark_runs_on_its_cpu_path(tmp_path) -> None:
          "--lengths", "64", "--repeats", "1", "--warmup", "0", "--json", str(out)],
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
     modes = {r["mode"] for r in rows}
     assert {"plain", "final", "all"} <= modes
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+    assert data["commit"] is None or data["commit"].startswith(_head())
+
+
+def _head() -> str:
+    return subprocess.run(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_results_name_the_commit_they_measured(monkeypatch) -> None:
+    """Each benchmark's JSON says which code it timed: the checkout's commit (marked when
+    the package or the scripts differ from it), or None where git cannot tell."""
+    import bench_analysis
+
+    commit = bench_analysis.source_commit()
+    if _head():  # a git checkout (CI clones one)
+        assert commit is not None and commit.split("+")[0] == _head()
+        assert commit in (_head(), _head() + "+changes")
+
+    def broken(*args, **kwargs):
+        raise OSError("no git here")
+
+    monkeypatch.setattr(bench_analysis.subprocess, "run", broken)
+    assert bench_analysis.source_commit() is None
 
 
 def test_candidate_certificate_is_sound() -> None:
