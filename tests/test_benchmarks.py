@@ -59,8 +59,12 @@ def test_gpu_benchmark_runs_on_its_cpu_path(tmp_path) -> None:
 
 
 def _head() -> str:
-    return subprocess.run(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
+    """The checkout's short commit, or "" without git or outside a checkout."""
+    try:
+        return subprocess.run(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def test_results_name_the_commit_they_measured(monkeypatch) -> None:
@@ -70,7 +74,6 @@ def test_results_name_the_commit_they_measured(monkeypatch) -> None:
 
     commit = bench_analysis.source_commit()
     if _head():  # a git checkout (CI clones one)
-        assert commit is not None and commit.split("+")[0] == _head()
         assert commit in (_head(), _head() + "+changes")
 
     def broken(*args, **kwargs):
