@@ -126,11 +126,6 @@ def paired(baseline, candidate, repeats: int) -> tuple[float, float, tuple[float
     return statistics.median(base), statistics.median(cand), (min(ratios), max(ratios))
 
 
-def side_by_side(baseline, candidate, repeats: int) -> tuple[float, float]:
-    """``paired``'s two medians."""
-    return paired(baseline, candidate, repeats)[:2]
-
-
 class Bench:
     """One model and one batch of windows: the baselines and the analysis passes."""
 
@@ -257,14 +252,19 @@ def run_model(name: str, model, lengths, modes, repeats: int, compile_too: bool)
     return out
 
 
+def pair_spread(row: dict) -> str:
+    """`` [pairs low-high]``: a row's range of single-pair ratios, for its printed line."""
+    if "pair_ratio_low" not in row:
+        return ""
+    return f" [pairs {row['pair_ratio_low']:.2f}-{row['pair_ratio_high']:.2f}]"
+
+
 def _line(row: dict) -> str:
     tag = " compiled" if row.get("compiled") else ""
     extra = (f" (+ tables {row['frames_s']:.2f} s once per run; compile "
              f"{row['compile_s']:.1f} s once)" if "frames_s" in row else "")
-    spread = (f" [pairs {row['pair_ratio_low']:.2f}-{row['pair_ratio_high']:.2f}]"
-              if "pair_ratio_low" in row else "")
     return (f"{row['model']:>14} T={row['window_length']:<5} {row['mode'] + tag:34s} "
-            f"{row['ratio']:6.2f}x {row['against']}{spread}{extra}")
+            f"{row['ratio']:6.2f}x {row['against']}{pair_spread(row)}{extra}")
 
 
 def main() -> None:

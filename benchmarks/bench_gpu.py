@@ -12,7 +12,7 @@ reference at T = 4096 (``--no-eager`` drops it), and a few minutes.
 The model is a random-weight Llama of 7B shape (32 layers, hidden 4096, 32 heads, 32
 kv heads, intermediate 11008, vocab 32000) built in bf16 directly on the device (no
 download). At each T, in one process and on one input, every mode is timed side by
-side with a plain sdpa forward (``bench_analysis.side_by_side``: interleaved, the
+side with a plain sdpa forward (``bench_analysis.paired``: interleaved, the
 median of ``--repeats``, after warm-up), with ``torch.cuda.synchronize()`` around
 every timed call:
 
@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analysis import MODES, Bench, side_by_side, source_commit  # noqa: E402
+from bench_analysis import MODES, Bench, pair_spread, paired, source_commit  # noqa: E402
 
 from attngeom.core import kernels  # noqa: E402
 
@@ -141,9 +141,10 @@ def measure_length(bench: GpuBench, repeats: int, warmup: int, compile_modes, ea
         run = bench.synced(bench.eager)
         run()  # warm-up
         peak = bench.peak_above(run)
-        t_base, t_run = side_by_side(plain, run, repeats)
+        t_base, t_run, (low, high) = paired(plain, run, repeats)
         rows.append({**label, "mode": "eager", "compiled": None, "baseline_s": t_base,
-                     "stream_s": t_run, "ratio": t_run / t_base, "peak_above_model_gb": peak})
+                     "stream_s": t_run, "ratio": t_run / t_base, "pair_ratio_low": low,
+                     "pair_ratio_high": high, "peak_above_model_gb": peak})
         print(_line(rows[-1]), flush=True)
     for mode, (key, target) in TARGETS.items():
         for compiled in compile_modes:
@@ -160,12 +161,13 @@ def measure_length(bench: GpuBench, repeats: int, warmup: int, compile_modes, ea
             for _ in range(max(0, warmup - 1)):
                 run()
             peak = bench.peak_above(run)
-            t_base, t_run = side_by_side(plain, run, repeats)
+            t_base, t_run, (low, high) = paired(plain, run, repeats)
             t_frames = _timed(lambda holder=holder: holder["acc"].frames(model="bench",
                                                                          corpus="bench"))
             ratio = t_run / t_base
             rows.append({**label, "mode": mode, "compiled": compiled, "baseline_s": t_base,
-                         "stream_s": t_run, "ratio": ratio, "target": target,
+                         "stream_s": t_run, "ratio": ratio, "pair_ratio_low": low,
+                         "pair_ratio_high": high, "target": target,
                          "pass": ratio <= target, "frames_s": t_frames,
                          "first_call_s": first, "compile_s": compile_s,
                          "peak_above_model_gb": peak})
@@ -182,9 +184,9 @@ def _line(row: dict) -> str:
         verdict = (f"  target <= {row['target']:.2f}x {'PASS' if row['pass'] else 'FAIL'}"
                    f"  (compile {row['compile_s']:.1f} s, tables {row['frames_s']:.2f} s, "
                    "once)")
-    return (f"T={row['window_length']:<5} {row['mode'] + tag:20s} {row['ratio']:6.2f}x plain "
-            f"({row['stream_s'] * 1e3:8.1f} ms vs {row['baseline_s'] * 1e3:8.1f} ms){mem}"
-            f"{verdict}")
+    times = f"({row['stream_s'] * 1e3:8.1f} ms vs {row['baseline_s'] * 1e3:8.1f} ms)"
+    return (f"T={row['window_length']:<5} {row['mode'] + tag:20s} {row['ratio']:6.2f}x plain"
+            f"{pair_spread(row)} {times}{mem}{verdict}")
 
 
 def main() -> None:

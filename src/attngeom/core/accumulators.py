@@ -205,7 +205,7 @@ class TopNAccumulator(Accumulator):
         valid = res.valid
         k, h, q, nn = valid.shape
         return _Cell(
-            sums=_stacked_sums(METRICS, res.metrics_stack(), valid),
+            sums=_stacked_sums(METRICS, res.stacked, valid),
             counts=valid.sum((0, 2)).to(torch.float64).cpu(),
             entries=torch.full((h, nn), float(k * q), dtype=torch.float64),
             nonfinite=res.nonfinite.sum(-1).cpu(),

@@ -85,16 +85,10 @@ class TopNMetrics:
     n_grid: tuple[int, ...]
     # (len(METRICS), K, H, Q, NN): the metrics in ``METRICS`` order in one tensor, of
     # which the fields above are views (so that the accumulator sums them in one pass)
-    stacked: Tensor | None = field(default=None, repr=False)
+    stacked: Tensor = field(repr=False)
 
     def metric(self, name: str) -> Tensor:
         return getattr(self, name)
-
-    def metrics_stack(self) -> Tensor:
-        """(len(METRICS), K, H, Q, NN) every metric, in ``METRICS`` order."""
-        if self.stacked is not None:
-            return self.stacked
-        return torch.stack([self.metric(name) for name in METRICS])
 
     @property
     def order(self) -> Tensor:
