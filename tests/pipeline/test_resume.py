@@ -67,7 +67,7 @@ def _wait_for_shards(proc: subprocess.Popen, out: Path, at_least: int) -> None:
 
 def _killed_run(out: Path, at_least: int = 4) -> None:
     """Start the analysis in a subprocess and SIGKILL it once ``at_least`` shards exist."""
-    proc = subprocess.Popen([sys.executable, "-m", "attngeom.cli", *ANALYZE, "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "attngeom", *ANALYZE, "--out",
                              str(out)], env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     _wait_for_shards(proc, out, at_least)
@@ -114,7 +114,7 @@ def test_torn_shard_is_redone_and_other_options_are_refused(reference, tmp_path,
 
 def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "attngeom.cli", *args]
+           "--nproc-per-node", "2", "-m", "attngeom", *args]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
 
 
@@ -162,12 +162,12 @@ def test_a_failed_process_group_leaves_its_shards_for_a_resume(reference, tmp_pa
     tables of an uninterrupted run."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "attngeom.cli", *ANALYZE, "--out", str(out)]
+           "--nproc-per-node", "2", "-m", "attngeom", *ANALYZE, "--out", str(out)]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_shards(proc, out, 4)
-        workers = [k for k in _children(proc.pid) if b"attngeom.cli" in _cmdline(k)]
+        workers = [k for k in _children(proc.pid) if b"attngeom" in _cmdline(k)]
         assert workers, "the launcher has no worker processes"
         os.kill(workers[-1], signal.SIGKILL)
         proc.wait(timeout=120)

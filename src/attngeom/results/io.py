@@ -23,18 +23,15 @@ tables.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
 import shutil
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from attngeom.errors import ConfigError, RunDirError
+from attngeom.results.files import TEMP_RE as _TEMP_RE
+from attngeom.results.files import atomic_write as _atomic_write
 from attngeom.results.manifest import config_fingerprint, to_json
 from attngeom.results.schemas import (
     BOOL,
@@ -48,57 +45,16 @@ from attngeom.results.schemas import (
     table_file,
     validate_table,
 )
+from attngeom.results.state import STATE_DIR, run_states
 
 MANIFEST_NAME = "manifest.json"
 PARQUET_COMPRESSION = "zstd"
 
-# Hidden temporary files of ``_atomic_write``: ".<target name>.<32 hex>.tmp".
-_TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{32}\.tmp$")
 # an empty file each process of a run writes and removes at once to prove the directory
 # writable (``pipeline/runner.check_writable``); another process of the same run may
 # see one while it checks the directory, so directory checks look past it
 WRITE_PROBE_PREFIX = ".attngeom-write-test."
 _PROBE_RE = re.compile(r"^\.attngeom-write-test\.[0-9a-f]{32}$")
-
-
-# --------------------------------------------------------------------------- atomic
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> Path:
-    """Write ``path`` through ``write(file)`` into a temporary sibling, then rename it.
-
-    The temporary file is created with mode 0o666 less the umask (like ``open``), is
-    fsynced before the rename, and is removed if anything fails.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable where the platform allows it (POSIX); skip elsewhere."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _existing_dir(run_dir) -> Path:
@@ -304,7 +260,6 @@ def _is_report_dir(entry: Path) -> bool:
 
 
 def _is_own(entry: Path, own: set[str]) -> bool:
-    from attngeom.results.state import STATE_DIR
 
     if entry.name == REPORT_DIR:
         return _is_report_dir(entry)
@@ -406,7 +361,6 @@ def prepare_run_dir(
 
 
 def _resuming(run_dir: Path, command: str, fingerprint: str) -> bool:
-    from attngeom.results.state import run_states
 
     return any(s.get("command") == command and s.get("fingerprint") == fingerprint
                for s in run_states(run_dir))

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from attngeom.errors import RunDirError
+from attngeom.results.files import atomic_write
+from attngeom.results.manifest import to_json
 
 STATE_DIR = ".attngeom"
 RUN_FILE = "run.json"
@@ -56,14 +58,11 @@ def run_states(run_dir) -> list[dict]:
 
 
 def write_run_state(run_dir, *, command: str, fingerprint: str, resume_key: dict) -> None:
-    from attngeom.results.io import _atomic_write
-    from attngeom.results.manifest import to_json
-
     folder = state_dir(run_dir, fingerprint)
     folder.mkdir(parents=True, exist_ok=True)
     data = to_json({"command": command, "fingerprint": fingerprint,
                     "resume_key": resume_key}).encode("utf-8")
-    _atomic_write(folder / RUN_FILE, lambda f: f.write(data))
+    atomic_write(folder / RUN_FILE, lambda f: f.write(data))
 
 
 def differences(old: dict, new: dict) -> list[str]:
@@ -115,8 +114,6 @@ class ShardStore:
         return self.root / stage / f"{unit:06d}.shard"
 
     def save(self, stage: str, unit: int, windows: list[int], payload: Any) -> Path:
-        from attngeom.results.io import _atomic_write
-
         data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         header = json.dumps({
             "fingerprint": self.fingerprint, "stage": stage, "unit": unit,
@@ -129,7 +126,7 @@ class ShardStore:
             self._announced = True
         path = self.path(stage, unit)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return _atomic_write(path, lambda f: f.write(MAGIC + header + b"\n" + data))
+        return atomic_write(path, lambda f: f.write(MAGIC + header + b"\n" + data))
 
     def load(self, stage: str, unit: int, windows: list[int], *,
              payload: bool = True, repair: bool = True) -> tuple[bool, Any]:
