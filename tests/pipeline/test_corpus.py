@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
+from attngeom.assets import asset
 from attngeom.errors import ConfigError, CorpusError
 from attngeom.pipeline.corpus import (
     CorpusInfo,
@@ -27,14 +28,21 @@ from attngeom.pipeline.corpus import (
 )
 from attngeom.pipeline.windows import special_token_frame
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "assets"
-TINYSTORIES = SHARED / "corpora" / "tinystories" / "TinyStories-train.head2MiB.txt"
-WIKI_RAW = SHARED / "corpora" / "wikitext-2-raw" / "wiki.test.raw"
-WIKI_LF = SHARED / "corpora" / "wikitext-2-raw" / "wiki.test.lf.txt"
-STORIES_HF = SHARED / "stories260K-hf"
+TINYSTORIES = Path(asset("tinystories"))
+WIKI_LF = Path(asset("wikitext-2-test"))
+STORIES_HF = Path(asset("stories260K"))
 
-TINYSTORIES_SHA = "5352b299dcb1a32898b2d779b145b5a05f3e1265953fd21c264c9f9f9c9ae33d"
+TINYSTORIES_SHA = "2437850544fc7fbb6a50999a659edfabffb7f2d38b080af96c2cf62f17dcc112"
 WIKI_RAW_SHA = "4f3e427e4aff23acff917a8a51aeae21bf12832256e26914c8fc250dcef4103c"
+
+
+@pytest.fixture(scope="module")
+def wiki_raw(tmp_path_factory) -> Path:
+    """WikiText-2's test split with its original CRLF line ends (``wiki.test.raw``),
+    rebuilt exactly from the bundled LF copy: its sha256 is the published one."""
+    path = tmp_path_factory.mktemp("wiki") / "wiki.test.raw"
+    path.write_bytes(WIKI_LF.read_bytes().replace(b"\n", b"\r\n"))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +108,17 @@ def test_max_documents(tmp_path):
 
 def test_real_tinystories_splits_on_endoftext(tinystories):
     docs, info = tinystories
-    # README: 2316 complete stories and a 2317th cut off at the 2 MiB mark.
-    assert info.n_documents == 2317 == len(docs)
+    # attngeom/data/README.md: the first 1,129 stories, each closed by <|endoftext|>.
+    assert info.n_documents == 1129 == len(docs)
     assert docs[0].startswith("One day, a little girl named Lily found a needle")
-    assert docs[-1].endswith("She said it was")
+    assert docs[-1].endswith("the feeling of being able to help out his friends.")
     assert not any("<|endoftext|>" in d for d in docs)
     assert info.sha256 == TINYSTORIES_SHA
-    assert info.name == "TinyStories-train.head2MiB"
+    assert info.name == "tinystories-sample"
 
 
-def test_real_wikitext_crlf_is_normalised():
-    docs, info = read_documents(str(WIKI_RAW))
+def test_real_wikitext_crlf_is_normalised(wiki_raw):
+    docs, info = read_documents(str(wiki_raw))
     assert info.sha256 == WIKI_RAW_SHA
     assert not any("\r" in d for d in docs)
     # No blank line in the file: one document, the concatenated WikiText stream,
@@ -371,8 +379,8 @@ def test_windows_tokenise_only_what_is_needed(stories_tok):
     assert len(seen) < 2000  # stopped long before the 100k documents
 
 
-def test_wikitext_windows(stories_tok):
-    docs, _ = read_documents(str(WIKI_RAW))
+def test_wikitext_windows(stories_tok, wiki_raw):
+    docs, _ = read_documents(str(wiki_raw))
     windows = make_windows([docs[0][:20_000]], stories_tok, 512, n_windows=3)
     assert [len(w) for w in windows] == [512] * 3
     assert all(w.input_ids[0].item() == stories_tok.bos_token_id for w in windows)

@@ -37,10 +37,7 @@ INFO_KEYS = ["name", "path", "sha256", "n_documents", "n_characters"]
 
 
 def _wikitext_2_test() -> Path:
-    try:
-        return Path(asset("wikitext-2-test", "--corpus"))
-    except ConfigError:
-        pytest.skip("the shared WikiText-2 test file is not available (ATTNGEOM_ASSETS)")
+    return Path(asset("wikitext-2-test", "--corpus"))  # bundled: always there
 
 
 @pytest.fixture

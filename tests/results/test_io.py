@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attngeom.assets import asset
 from attngeom.errors import ConfigError, RunDirError
 from attngeom.names import METRICS
 from attngeom.results import io as rio
@@ -34,7 +35,7 @@ from attngeom.results.manifest import (
 from attngeom.results.schemas import ROW_KEYS, SCHEMAS, TABLE_NAMES, validate_table
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "attngeom" / "results"
-STORIES_HF = Path(__file__).resolve().parents[2].parent / "shared" / "assets" / "stories260K-hf"
+STORIES_HF = Path(asset("stories260K"))
 
 INTERNALS_TABLES = (
     "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
