@@ -82,6 +82,12 @@ class RunConfig:
     sample_documents: int | None = option(
         None, help="draw this many documents from the corpus by a hash of each document and "
         "the seed, then cut windows from them (default: every document, in corpus order)")
+    document_protocol: str = option(
+        "stream", help="how windows are made: stream (documents joined, cut into "
+        "consecutive windows) or fixed (the follow-up's protocol: one window per document "
+        "at a hashed offset, the initial token first, the first N_DOCUMENTS documents of at "
+        "least T-1 tokens in hash order)")
+    n_documents: int = option(50, help="documents of the fixed protocol (one window each)")
     seed: int = option(0, help="seed of the random control, bootstrap and seeded rankers")
     device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
     dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
@@ -122,6 +128,12 @@ class RunConfig:
             s(self, "sample_documents",
               v.integer("sample_documents", self.sample_documents, low=1))
         s(self, "seed", v.integer("seed", self.seed))
+        v.one_of("document_protocol", self.document_protocol, ("stream", "fixed"))
+        s(self, "n_documents", v.integer("n_documents", self.n_documents, low=1))
+        if self.document_protocol == "fixed" and (self.windows_per_document
+                                                  or self.sample_documents):
+            raise ConfigError("document_protocol: 'fixed' chooses its own documents and "
+                              "windows; drop windows_per_document and sample_documents")
         s(self, "batch_size", v.integer("batch_size", self.batch_size, low=1))
         v.one_of("dtype", self.dtype, DTYPES)
         v.text("device", self.device)

@@ -229,7 +229,17 @@ def inspect_model(name_or_path: str | os.PathLike) -> dict | None:
     params = layers * (attention + mlp) + vocab * hidden * (1 if tied else 2)
     return {"is_causal": _is_causal_config(config), "layers": layers, "heads": heads,
             "kv_heads": kv, "head_dim": head_dim, "hidden": hidden, "vocab": vocab,
-            "params_b": params / 1e9}
+            "params_b": params / 1e9,
+            "bos_token_id": _bos_id(config, text)}
+
+
+def _bos_id(config, text) -> int | None:
+    """The configuration's ``bos_token_id`` (the top level's, else the text model's)."""
+    for c in (config, text):
+        value = getattr(c, "bos_token_id", None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def load_model(

@@ -140,6 +140,7 @@ class CorpusInfo:
     source_sha256: str | None = None
     source_documents: int | None = None
     documents_too_short: int | None = None  # windows_per_document: gave no window
+    document_protocol: dict | None = None  # the fixed-length protocol's record
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -148,6 +149,8 @@ class CorpusInfo:
                 del d[key]
         if self.documents_too_short is None:
             del d["documents_too_short"]
+        if self.document_protocol is None:
+            del d["document_protocol"]
         return d
 
 

@@ -278,6 +278,11 @@ def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
         config.corpus, text_column=config.text_column, separator=config.separator,
         sample=config.sample_documents, seed=config.seed,
     )
+    if getattr(config, "document_protocol", "stream") == "fixed":
+        from attngeom.pipeline.documents import protocol_windows
+
+        return protocol_windows(config, tokenizer, docs, info, n_windows=n_windows,
+                                start_window=start_window)
     n = config.windows_needed if n_windows is None else n_windows
     start = config.start_window if start_window is None else start_window
     name = getattr(info, "name", None)
