@@ -9,12 +9,21 @@ same registered attention function as capture (``attngeom.capture
 eager function, so scaling, softcapping, windows and GQA are the model's;
 unselected layers keep the model's own implementation. On exit the model is
 bit-identical to before (STYLE habit 6).
+
+The kept keys are the n of highest *score* (the follow-up, arXiv 2609.37879): the
+attention probability (``attention``), the contribution alpha_i ||v_i|| (per query head,
+before W_O, with the GQA-aligned value of that head's kv head: ``contribution``), or a
+seeded random order (``random``: one permutation per (seed, window, layer, head, query),
+the keys ordered by a counter-based hash of (seed, window, layer, head, t, key), so the
+kept sets are nested in n and reproducible whatever the batch; ties, about one row in
+ten thousand at T = 1024, go to the smaller position). Selection is recomputed at every
+layer from the activations as the restriction has changed them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -25,7 +34,11 @@ from attngeom.capture import (
     override_attention,
     repeat_kv,
 )
+from attngeom.core.kernels import hash32, hashed_positions
+from attngeom.core.random_control import row_states
 from attngeom.errors import ConfigError
+
+RANKINGS = ("attention", "contribution", "random")
 
 
 def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tensor:
@@ -54,16 +67,46 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tenso
     return keep & visible
 
 
+def contribution_scores(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """alpha_i ||v_i|| per query head: ``probs`` (B, H, Q, T) float32, ``values`` the
+    GQA-aligned value states (B, H, T, d); float32."""
+    norms = torch.linalg.vector_norm(values.to(torch.float32), dim=-1)
+    return probs * norms[:, :, None, :]
+
+
+def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
+                  num_queries: int, num_keys: int, device) -> torch.Tensor:
+    """(B, H, Q, T) int64 in [0, 2**32): the random ranking's key order, one hash per
+    (seed, window, layer, head, query position, key position).
+
+    Query row q sits at position ``q + T - Q`` (queries aligned to the last keys, as a
+    causal mask reads them). The row's state is ``core.random_control.row_states``'s
+    first chain (the geometry control's coordinates) and each key's score the lowbias32
+    hash of the state with the key's hashed position; sorting a row by it is a uniformly
+    random permutation whose first n are the kept set.
+    """
+    heads = torch.arange(num_heads, device=device)
+    positions = torch.arange(num_queries, device=device) + (num_keys - num_queries)
+    keys = hashed_positions(torch.arange(num_keys, dtype=torch.int64, device=device))
+    out = []
+    for window in windows:
+        state, _ = row_states(int(seed), int(window), int(layer), heads, positions, 1)
+        out.append(hash32(state[0] ^ keys))  # (H, Q, T)
+    return torch.stack(out)
+
+
 def restrict_probabilities(
-    probs: torch.Tensor, visible: torch.Tensor, n: int, renormalize: bool
+    probs: torch.Tensor, visible: torch.Tensor, n: int, renormalize: bool,
+    scores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Zero all but the top-n visible probabilities per row; optionally renormalise.
 
-    ``probs`` (B, H, Q, T), ``visible`` broadcastable to it. Rows where nothing
-    was dropped are returned unchanged (so n >= |U_t| is exactly the identity on
-    the probabilities); a row with no visible key stays as it was.
+    ``probs`` (B, H, Q, T), ``visible`` broadcastable to it. The kept entries are the
+    n of highest ``scores`` (same shape; default the probabilities themselves). Rows
+    where nothing was dropped are returned unchanged (so n >= |U_t| is exactly the
+    identity on the probabilities); a row with no visible key stays as it was.
     """
-    keep = topn_keep(probs, visible, n)
+    keep = topn_keep(probs if scores is None else scores, visible, n)
     dropped = (visible.expand_as(probs) & ~keep).any(-1, keepdim=True)
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     if renormalize:
@@ -116,6 +159,25 @@ def _selection(
     return {layer: sorted(h) for layer, h in sorted(selected.items())}
 
 
+class WindowIds:
+    """The window index of each batch row, read by the random ranking at every layer;
+    ``set`` it before each forward (default: the batch positions 0..B-1)."""
+
+    def __init__(self, ids: Sequence[int] | None = None) -> None:
+        self.ids = None if ids is None else [int(i) for i in ids]
+
+    def set(self, ids: Sequence[int] | None) -> None:
+        self.ids = None if ids is None else [int(i) for i in ids]
+
+    def of(self, batch: int) -> list[int]:
+        if self.ids is None:
+            return list(range(batch))
+        if len(self.ids) != batch:
+            raise ConfigError(f"windows: expected {batch} window indices for the batch, got "
+                              f"{len(self.ids)}")
+        return self.ids
+
+
 @contextlib.contextmanager
 def restrict_topn(
     model: torch.nn.Module,
@@ -124,13 +186,19 @@ def restrict_topn(
     layers: Iterable[int] | None = None,
     heads: Iterable[tuple[int, int]] | None = None,
     renormalize: bool = True,
+    ranking: str = "attention",
+    seed: int = 0,
+    windows: Sequence[int] | WindowIds | None = None,
 ) -> Iterator[None]:
     """Keep only the top-``n`` attention entries per query row in the selected heads.
 
     ``layers``: layer indices (``None``: all); ``heads``: ``(layer, head)``
     pairs (``None``: all heads of the selected layers). ``renormalize``: rescale
     the kept probabilities to sum to one (otherwise the dropped mass is lost).
-    Bad arguments raise ``ConfigError`` before any forward.
+    ``ranking``: which n are kept, ``attention``, ``contribution`` or ``random``
+    (``seed`` and the batch rows' window indices ``windows`` pick its order; a
+    ``WindowIds`` can be re-set between forwards). Bad arguments raise
+    ``ConfigError`` before any forward.
 
     >>> with torch.no_grad(), restrict_topn(model, 1, layers=[0, 1]):
     ...     nll = model(ids, labels=ids).loss
@@ -140,6 +208,10 @@ def restrict_topn(
     n = _check_int(n, "n", 1)
     if not isinstance(renormalize, bool):
         raise ConfigError(f"expected renormalize to be True or False, got {renormalize!r}")
+    if ranking not in RANKINGS:
+        raise ConfigError(f"ranking: expected one of {', '.join(RANKINGS)}, got {ranking!r}")
+    seed = _check_int(seed, "seed", -(2**63))
+    ids = windows if isinstance(windows, WindowIds) else WindowIds(windows)
     selection = _selection(model, layers, heads)
     if has_override(model):
         # an enclosing capture would never see the restricted layers' probabilities
@@ -152,8 +224,17 @@ def restrict_topn(
         if call.layer not in selection:
             return call.previous()
         # top-N chosen on float32 probabilities: a bf16 model's rounded ones tie often
-        _, _, probs = call.eager_float32()
-        restricted = restrict_probabilities(probs, call.visible(), n, renormalize)
+        eager_out, _, probs = call.eager_float32()
+        groups = probs.shape[1] // call.value.shape[1]
+        values = repeat_kv(call.value, groups)
+        if ranking == "attention":
+            scores = None
+        elif ranking == "contribution":
+            scores = contribution_scores(probs, values)
+        else:
+            scores = random_scores(seed, ids.of(probs.shape[0]), call.layer, probs.shape[1],
+                                   probs.shape[2], probs.shape[3], probs.device)
+        restricted = restrict_probabilities(probs, call.visible(), n, renormalize, scores)
         chosen = selection[call.layer]
         head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)
         head_mask[slice(None) if chosen is None else chosen] = True
@@ -163,9 +244,9 @@ def restrict_topn(
         if not bool(changed.any()):
             return call.previous()
         restricted = torch.where(changed[None, :, None, None], restricted, probs)
-        base, _ = call.previous()
-        groups = probs.shape[1] // call.value.shape[1]
-        values = repeat_kv(call.value, groups)
+        # where the model's own implementation is the family's eager function, its
+        # output is the one just computed (same function, same inputs): not run twice
+        base = eager_out if call.previous_is_eager and not call.nested else call.previous()[0]
         new = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2)
         output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
         return output.contiguous(), restricted
