@@ -270,6 +270,9 @@ class _InterventionConfig(RunConfig):
 
     @property
     def windows_needed(self) -> int:
+    sink_min_occurrences: int = option(5, help="a token is a sink of a head only when "
+                                       "analysed queries saw it at least this many times")
+    sink_min_windows: int = option(3, help="... and in at least this many windows")
         return self.n_rank_windows_needed + self.n_eval_windows
 
     @property
@@ -290,6 +293,9 @@ def _orders(value) -> tuple[str, ...] | None:
     out = []
     for item in items:
         names = tuple(item.split(">")) if isinstance(item, str) else tuple(item)
+        s(self, "sink_min_occurrences", v.integer("sink_min_occurrences",
+                                                  self.sink_min_occurrences, low=1))
+        s(self, "sink_min_windows", v.integer("sink_min_windows", self.sink_min_windows, low=1))
         if sorted(names) != sorted(RANKER_REGIMES):
             raise ConfigError(
                 f"orders: expected 'all' or permutations of {'>'.join(RANKER_REGIMES)}, "

@@ -29,14 +29,37 @@ every window always get mass) and miss a separator that sits at a different posi
 in every window. A (query t, key j) pair counts when the key is visible, the row sees
 >= 2 keys with finite alphas, and the query is at least ``min_distance`` (16) positions
 from the key, ``|t - j| >= 16`` (so local, previous-token attention is never a sink).
-Per (layer, head) and token id x, over the counted pairs whose key j >= 1 holds x:
-``mean_share`` = mean alpha[t, j], ``uniform_share`` = mean 1/|U_t| (what uniform
-attention would give), ``lift`` = their ratio, ``pairs`` and ``occurrences`` (distinct
-key occurrences with >= 1 counted pair). A token is ``detected`` with mean_share >=
-``min_share`` (0.1) and lift >= ``min_lift`` (5). Position 0 gets its own line per head,
-computed the same way, whatever its token, and so does every id of ``report_ids`` (the
-special tokens: BOS, [SEP], separators are the usual suspects) that occurred, detected
-or not, so their numbers are on record either way.
+An **occurrence** is one key (window, j) with >= 1 counted pair; its ``share`` is the
+mean alpha[t, j] over its counted pairs. Per (layer, head) and token id x, over the
+occurrences of x at j >= 1: ``occurrences``, ``windows`` (distinct windows holding one),
+``pairs``; pooled over the pairs, ``mean_share`` (mean alpha[t, j]) and
+``uniform_share`` (mean 1/|U_t|, what uniform attention would give); over the
+occurrences, the nearest-rank quartiles of the share ``share_q1``, ``median_share``,
+``share_q3`` (the ceil(p n)-th smallest of n), ``share_held`` (the fraction of
+occurrences with share >= ``min_share``) and ``lift = median_share / uniform_share``.
+
+A sink **recurs** (SPEC 3): x is ``detected`` only with occurrences >= ``min_occurrences``
+(5), windows >= ``min_windows`` (3), median_share >= ``min_share`` (0.1) and lift >=
+``min_lift`` (5). Without recurrence one final query attending once to a content word
+(retrieval, not a sink) was listed as a sink in a dozen heads of SmolLM2.
+
+Why the median is kept exact with bounded state: a median needs the per-occurrence
+shares, and a run's occurrences grow as windows x layers x heads x T (all keys of every
+window). Only shares >= ``min_share`` can decide detection, and a query row gives at
+most 1/min_share keys that much, so the state keeps the shares >= ``min_share`` (a
+bounded number per window and head) plus exact counts of all occurrences. The median
+and quartiles are nearest-rank order statistics (the ceil(p n)-th smallest), never an
+average of two middle values, so each is exact whenever it is >= ``min_share``; below
+it, the value is unknown and reported NaN (the token is then not detected, which is
+exact too). The ids of ``report_ids`` and position 0 keep every share, so their lines
+are always complete. Counts and pooled sums merge by addition over disjoint windows and
+the kept shares by concatenation, so a merge of shards equals one run.
+
+Position 0 gets its own line per head, computed the same way whatever its token (its
+occurrences are windows; it is the sink by construction, so its ``detected`` tests the
+share alone, as before recurrence was required), and so does every id of ``report_ids`` (the special tokens:
+BOS, [SEP], separators are the usual suspects) that occurred, detected or not, so their
+numbers are on record either way.
 """
 
 from __future__ import annotations
@@ -58,10 +81,14 @@ SINK_COLUMNS = (
     "sink_mass", "sink_in_top_n", "n_windows",
 )
 SINK_TOKEN_COLUMNS = (
-    "layer", "head", "position", "token_id", "occurrences", "pairs", "mean_share",
-    "uniform_share", "lift", "detected", "n_windows",
+    "layer", "head", "position", "token_id", "occurrences", "windows", "pairs", "mean_share",
+    "uniform_share", "share_q1", "median_share", "share_q3", "share_held", "lift", "detected",
+    "n_windows",
 )
 MIN_SINK_DISTANCE = 16
+MIN_SINK_OCCURRENCES = 5
+MIN_SINK_WINDOWS = 3
+QUARTILES = ((1, 4), (1, 2), (3, 4))  # p as a fraction: nearest-rank q1, median, q3
 ANY_POSITION = -1  # the ``position`` of a by-token row (any position j >= 1)
 MIXED_TOKEN = -1  # the ``token_id`` of the position-0 line when windows start differently
 
@@ -215,14 +242,6 @@ class _TokenSums:
         self.add(other.ids.copy(), {k: v.copy() for k, v in other.sums.items()})
 
 
-def _window_occurrences(seen: np.ndarray, tokens: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One (layer, window)'s keys with a counted pair (``seen`` (H, T) bool), counted by
-    token: position 0's (H,), then the sorted token ids (U,) of positions 1.. and (H, U)."""
-    ids, inverse = np.unique(tokens[1:], return_inverse=True)
-    return seen[:, SINK].astype(np.float64), ids, _by_token(seen[:, 1:], inverse, ids.size)
-
-
 def _by_token(x: np.ndarray, inverse: np.ndarray, count: int) -> np.ndarray:
     """(H, T') values per position summed by token: (H, ``count``), ``inverse`` (T',) each
     position's token index. Each head's entries go to bins of their own, in position
@@ -233,6 +252,73 @@ def _by_token(x: np.ndarray, inverse: np.ndarray, count: int) -> np.ndarray:
                        minlength=h * count).reshape(h, count)
 
 
+class _Occurrences:
+    """One layer's folded occurrences: counts by token (``_TokenSums`` of ``occurrences``
+    and ``windows``), position 0's counts (H,) and every position-0 share (a list of (H,)
+    arrays, NaN where the window's key 0 had no counted pair), and the kept shares of the
+    other keys as parallel arrays (head, token id, share)."""
+
+    def __init__(self, num_heads: int) -> None:
+        self.counts = _TokenSums(num_heads, ("occurrences", "windows"))
+        self.occ0 = np.zeros(num_heads)
+        self.shares0: list[np.ndarray] = []
+        self.heads: list[np.ndarray] = []
+        self.ids: list[np.ndarray] = []
+        self.shares: list[np.ndarray] = []
+
+    def add_window(self, share: np.ndarray, pairs: np.ndarray, tokens: np.ndarray,
+                   floor: float, keep_ids: np.ndarray) -> None:
+        """Fold one finished (layer, window): ``share`` (H, T) summed alphas and ``pairs``
+        (H, T) counted pairs per key, ``tokens`` (T,)."""
+        seen = pairs > 0
+        occ = np.where(seen, share / np.maximum(pairs, 1), np.nan)
+        self.occ0 += seen[:, SINK]
+        self.shares0.append(occ[:, SINK].copy())
+        ids, inverse = np.unique(tokens[1:], return_inverse=True)
+        counts = _by_token(seen[:, 1:], inverse, ids.size)
+        self.counts.add(ids, {"occurrences": counts, "windows": (counts > 0).astype(float)})
+        rest = occ[:, 1:]
+        keep = seen[:, 1:] & ((rest >= floor) | np.isin(tokens[1:], keep_ids)[None, :])
+        heads, pos = np.nonzero(keep)
+        self.heads.append(heads.astype(np.int64))
+        self.ids.append(tokens[1:][pos].astype(np.int64))
+        self.shares.append(rest[heads, pos])
+
+    def add_all(self, other: _Occurrences) -> None:
+        """Add another shard's occurrences (copies: ``other`` stays its own)."""
+        self.counts.add_all(other.counts)
+        self.occ0 = self.occ0 + other.occ0
+        self.shares0 += [x.copy() for x in other.shares0]
+        self.heads += [x.copy() for x in other.heads]
+        self.ids += [x.copy() for x in other.ids]
+        self.shares += [x.copy() for x in other.shares]
+
+
+def _cat_or_empty(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def nearest_rank(sorted_top: np.ndarray, n: int, num: int, den: int) -> float:
+    """The ceil(p n)-th smallest of n values (p = num / den), from their ``sorted_top``
+    (ascending), the k largest of them; NaN when that rank is not among the k.
+
+    >>> nearest_rank(np.array([0.2, 0.5, 0.9]), 5, 1, 2), nearest_rank(np.array([0.9]), 4, 1, 2)
+    (0.2, nan)
+    """
+    if n <= 0:
+        return float("nan")
+    rank = max(1, -(-n * num // den))
+    i = rank - 1 - (n - sorted_top.size)
+    return float(sorted_top[i]) if i >= 0 else float("nan")
+
+
+def _share_spread(sorted_top: np.ndarray, n: int, min_share: float) -> list[float]:
+    """q1, median, q3 (nearest rank) and the share of occurrences >= ``min_share``."""
+    qs = [nearest_rank(sorted_top, n, a, b) for a, b in QUARTILES]
+    held = float((sorted_top >= min_share).sum()) / n if n > 0 else float("nan")
+    return [*qs, held]
+
+
 class SinkAccumulator(Accumulator):
     """Streaming sink statistics for tables ``sink`` and ``sink_tokens`` (method §6).
 
@@ -240,14 +326,15 @@ class SinkAccumulator(Accumulator):
     value statistics are taken once per window); ``merge`` adds a shard with disjoint
     windows, exactly. ``compute()`` gives table ``sink`` (rows ordered by layer, head,
     n), ``compute_tokens()`` table ``sink_tokens`` (the position-0 line and every
-    detected token per head).
+    detected or listed token per head).
     """
 
     tables = ("sink", "sink_tokens")
 
     def __init__(
         self, n_grid: Sequence[int], *, min_share: float = 0.1, min_lift: float = 5.0,
-        min_distance: int = MIN_SINK_DISTANCE, report_ids: Sequence[int] = (),
+        min_distance: int = MIN_SINK_DISTANCE, min_occurrences: int = MIN_SINK_OCCURRENCES,
+        min_windows: int = MIN_SINK_WINDOWS, report_ids: Sequence[int] = (),
     ) -> None:
         self.n_grid = grid_of(n_grid)
         self.report_ids = tuple(sorted({int(i) for i in report_ids}))
@@ -255,22 +342,25 @@ class SinkAccumulator(Accumulator):
             raise ConfigError(f"min_share: expected a value in [0, 1], got {min_share!r}")
         if min_lift < 0:
             raise ConfigError(f"min_lift: expected a value >= 0, got {min_lift!r}")
-        if int(min_distance) != min_distance or min_distance < 1:
-            raise ConfigError(f"min_distance: expected an integer >= 1, got {min_distance!r}")
+        for name, value in (("min_distance", min_distance),
+                            ("min_occurrences", min_occurrences), ("min_windows", min_windows)):
+            if int(value) != value or value < 1:
+                raise ConfigError(f"{name}: expected an integer >= 1, got {value!r}")
         self.min_share = float(min_share)
         self.min_lift = float(min_lift)
         self.min_distance = int(min_distance)
+        self.min_occurrences = int(min_occurrences)
+        self.min_windows = int(min_windows)
         self._windows: dict[tuple[int, int], _SinkWindow] = {}
         self._heads: dict[int, int] = {}
         self._tokens: dict[int, _TokenSums] = {}
-        # per (layer, window) updated here: (H, T) bool "key has a counted pair" (the union
-        # over the window's chunks, which may come in any order), and window tokens;
-        # ``merge`` folds another shard's into the occurrence counts below, so a run's
-        # merged state does not grow as windows x T
-        self._has_pair: dict[tuple[int, int], np.ndarray] = {}
+        # per (layer, window) updated here: (H, T) summed alphas and counted pairs per key
+        # (over the window's chunks, which may come in any order), and window tokens;
+        # ``merge`` folds another shard's into ``_occ`` (occurrence counts and the kept
+        # shares), so a run's merged state does not grow as windows x T
+        self._key_sums: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._window_tokens: dict[int, np.ndarray] = {}
-        self._occ: dict[int, _TokenSums] = {}  # per layer, folded occurrences by token
-        self._occ0: dict[int, np.ndarray] = {}  # per layer, folded occurrences of key 0
+        self._occ: dict[int, _Occurrences] = {}  # per layer, folded occurrences
         self._firsts: set[int] = set()  # position 0's token ids of the folded windows
         self._folded: set[tuple[int, int]] = set()  # (layer, window)s merged in
         # per layer, position 0 alone: share, uniform, pairs sums (H,)
@@ -282,11 +372,11 @@ class SinkAccumulator(Accumulator):
             raise ConfigError(f"layer {layer}: expected {known} heads, got {num_heads}")
 
     def __setstate__(self, state: dict) -> None:
-        """Shards pickled before the occurrence folding hold every window unfolded."""
+        """A shard pickled before the per-occurrence shares existed cannot give medians."""
+        if "_key_sums" not in state:
+            raise ConfigError("sink shard: written by an older attngeom without "
+                              "per-occurrence shares; rerun the analysis without --resume")
         self.__dict__.update(state)
-        for name, empty in (("_occ", dict), ("_occ0", dict), ("_firsts", set),
-                            ("_folded", set)):
-            self.__dict__.setdefault(name, empty())
 
     def update(self, batch: AttentionBatch) -> None:
         """Add one query chunk of one (window, layer)."""
@@ -323,9 +413,13 @@ class SinkAccumulator(Accumulator):
         if not np.array_equal(known, tokens):
             raise ConfigError(f"window {batch.window}: expected the same tokens in every layer")
         key = (layer, batch.window)
-        seen = sums["pairs"] > 0
-        old = self._has_pair.get(key)
-        self._has_pair[key] = seen if old is None else (old | seen)
+        ks = self._key_sums.get(key)
+        if ks is None:
+            self._key_sums[key] = {"share": sums["share"].copy(),
+                                   "pairs": sums["pairs"].astype(np.int64)}
+        else:
+            ks["share"] += sums["share"]
+            ks["pairs"] += sums["pairs"]
         zero = self._zero.setdefault(layer, {k: np.zeros(h) for k in ("share", "uniform",
                                                                          "pairs")})
         for k in zero:
@@ -338,7 +432,8 @@ class SinkAccumulator(Accumulator):
         """Add another shard's state (disjoint windows); returns self."""
         self._check_mergeable(other, n_grid=self.n_grid, min_share=self.min_share,
                               min_lift=self.min_lift, min_distance=self.min_distance,
-                              report_ids=self.report_ids)
+                              min_occurrences=self.min_occurrences,
+                              min_windows=self.min_windows, report_ids=self.report_ids)
         check_disjoint(self._windows, other._windows)
         for layer, h in other._heads.items():
             self._check_heads(layer, h)
@@ -354,25 +449,18 @@ class SinkAccumulator(Accumulator):
                                                       for k, v in zero.items()})
             for k, v in zero.items():
                 mine_zero[k] += v
-        for (layer, window), seen in other._has_pair.items():  # complete: disjoint windows
-            self._fold(layer, seen, other._window_tokens[window])
-        for layer, ts in other._occ.items():
-            self._folded_sums(layer, ts.num_heads).add_all(ts)
-        for layer, occ0 in other._occ0.items():
-            self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
+        for (layer, window), ks in other._key_sums.items():  # complete: disjoint windows
+            self._layer_occ(layer, ks["share"].shape[0]).add_window(
+                ks["share"], ks["pairs"], other._window_tokens[window], self.min_share,
+                np.asarray(self.report_ids, dtype=np.int64))
+        for layer, occ in other._occ.items():
+            self._layer_occ(layer, occ.occ0.size).add_all(occ)
         self._firsts |= other._firsts | {int(t[SINK]) for t in other._window_tokens.values()}
         self._folded |= other._folded | set(other._windows)
         return self
 
-    def _folded_sums(self, layer: int, num_heads: int) -> _TokenSums:
-        return self._occ.setdefault(layer, _TokenSums(num_heads, ("occurrences",)))
-
-    def _fold(self, layer: int, seen: np.ndarray, tokens: np.ndarray) -> None:
-        """Add one finished (layer, window)'s keys with a counted pair to the occurrence
-        counts by token id (what ``_occurrences`` reads)."""
-        occ0, ids, occ = _window_occurrences(seen, tokens)
-        self._occ0[layer] = self._occ0.get(layer, 0.0) + occ0
-        self._folded_sums(layer, seen.shape[0]).add(ids, {"occurrences": occ})
+    def _layer_occ(self, layer: int, num_heads: int) -> _Occurrences:
+        return self._occ.setdefault(layer, _Occurrences(num_heads))
 
     def _n_windows(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -407,21 +495,30 @@ class SinkAccumulator(Accumulator):
             cols["n_windows"].append(np.full(h * nn, len(wins), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
 
-    def _occurrences(self, layer: int, ids: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """(H, U) key occurrences of each token with a counted pair, and (H,) for position 0."""
-        occ = np.zeros((h, ids.size))
-        occ0 = np.zeros(h) + self._occ0.get(layer, 0.0)
-        folded = self._occ.get(layer)
-        if folded is not None:  # folded token ids are among ``ids`` (every pair's token)
-            folded.consolidate()
-            occ[:, np.searchsorted(ids, folded.ids)] += folded.sums["occurrences"]
-        for (lay, window), seen in self._has_pair.items():
-            if lay != layer:
-                continue
-            part0, part_ids, part = _window_occurrences(seen, self._window_tokens[window])
-            occ0 += part0
-            occ[:, np.searchsorted(ids, part_ids)] += part
-        return occ, occ0
+    def _all_occurrences(self, layer: int, h: int) -> _Occurrences:
+        """The layer's folded occurrences plus those of its windows not folded yet (a
+        fresh object: computing never changes the state)."""
+        out = _Occurrences(h)
+        if layer in self._occ:
+            out.add_all(self._occ[layer])
+        keep_ids = np.asarray(self.report_ids, dtype=np.int64)
+        for (lay, window), ks in sorted(self._key_sums.items()):
+            if lay == layer:
+                out.add_window(ks["share"], ks["pairs"], self._window_tokens[window],
+                               self.min_share, keep_ids)
+        return out
+
+    def _recurs(self, median, uniform, occurrences, windows, *, recur: bool = True
+                ) -> np.ndarray:
+        """SPEC 3's rule: recurring (occurrences, windows) and a median share that holds.
+        Position 0 (``recur=False``) is the sink by construction, one occurrence per
+        window: only its share is tested, as before recurrence was required."""
+        median = np.asarray(median, dtype=np.float64)
+        enough = ((np.asarray(occurrences) >= self.min_occurrences)
+                  & (np.asarray(windows) >= self.min_windows)) if recur else True
+        with np.errstate(invalid="ignore"):
+            return (enough & (median >= self.min_share)
+                    & (median >= self.min_lift * np.asarray(uniform)))
 
     def _token_columns(self) -> dict[str, np.ndarray]:
         """Table ``sink_tokens``: per head the position-0 line, then each detected or
@@ -434,20 +531,50 @@ class SinkAccumulator(Accumulator):
             ts = self._tokens[layer]
             ts.consolidate()
             h = ts.num_heads
-            occ, occ0 = self._occurrences(layer, ts.ids, h)
-            zero = self._zero[layer]
-            share = _ratio(ts.sums["share"], ts.sums["pairs"])
+            occ = self._all_occurrences(layer, h)
+            occ.counts.consolidate()
+            where = np.searchsorted(ts.ids, occ.counts.ids)  # folded ids are among ts.ids
+            n_occ = np.zeros((h, ts.ids.size))
+            n_occ[:, where] = occ.counts.sums["occurrences"]
+            n_win = np.zeros((h, ts.ids.size))
+            n_win[:, where] = occ.counts.sums["windows"]
+            heads = _cat_or_empty(occ.heads, np.int64)
+            slots = np.searchsorted(ts.ids, _cat_or_empty(occ.ids, np.int64))
+            shares = _cat_or_empty(occ.shares, np.float64)
+            order = np.lexsort((shares, slots, heads))
+            heads, slots, shares = heads[order], slots[order], shares[order]
+            group = heads * ts.ids.size + slots
+            kept = np.bincount(group, minlength=h * ts.ids.size).reshape(h, -1)
+            starts = np.concatenate([[0], np.cumsum(kept.reshape(-1))])
             uniform = _ratio(ts.sums["uniform"], ts.sums["pairs"])
-            lift = _ratio(ts.sums["share"], ts.sums["uniform"])
-            hit = (ts.sums["pairs"] > 0) & (share >= self.min_share) & (lift >= self.min_lift)
+            # the nearest-rank median is >= min_share only if it is among the kept shares
+            n_int = n_occ.astype(np.int64)
+            median_kept = kept >= n_int - np.maximum(1, -(-n_int // 2)) + 1
+            maybe = median_kept & (n_occ >= self.min_occurrences) & (n_win >= self.min_windows)
             listed = np.isin(ts.ids, self.report_ids)[None, :] & (ts.sums["pairs"] > 0)
-            heads, slots = np.nonzero(hit | listed)
-            z_share = _ratio(zero["share"], zero["pairs"])
-            z_lift = _ratio(zero["share"], zero["uniform"])
-            z_hit = (zero["pairs"] > 0) & (z_share >= self.min_share) & (z_lift >= self.min_lift)
+            rows_h, rows_s = np.nonzero(maybe | listed)
+            spread = np.array([
+                _share_spread(shares[starts[g]:starts[g + 1]], int(n_int[hh, ss]),
+                              self.min_share)
+                for hh, ss in zip(rows_h, rows_s, strict=True)
+                for g in [hh * ts.ids.size + ss]
+            ]).reshape(-1, 4)
+            hit = self._recurs(spread[:, 1], uniform[rows_h, rows_s], n_occ[rows_h, rows_s],
+                               n_win[rows_h, rows_s])
+            keep = hit | listed[rows_h, rows_s]
+            heads, slots, spread, hit = rows_h[keep], rows_s[keep], spread[keep], hit[keep]
+
+            share0 = np.stack(occ.shares0) if occ.shares0 else np.zeros((0, h))
+            spread0 = np.array([_share_spread(np.sort(col[~np.isnan(col)]),
+                                              int((~np.isnan(col)).sum()), self.min_share)
+                                for col in share0.T]).reshape(-1, 4)
+            uniform0 = _ratio(self._zero[layer]["uniform"], self._zero[layer]["pairs"])
+            hit0 = self._recurs(spread0[:, 1], uniform0, occ.occ0, occ.occ0, recur=False)
+
             rows_head = np.concatenate([np.arange(h), heads])
             order = np.argsort(rows_head, kind="stable")
             k = h + heads.size
+            zero = self._zero[layer]
 
             def both(zero_part, token_part, order=order):
                 return np.concatenate([np.asarray(zero_part), np.asarray(token_part)])[order]
@@ -457,14 +584,19 @@ class SinkAccumulator(Accumulator):
             cols["position"].append(both(np.full(h, SINK), np.full(heads.size, ANY_POSITION))
                                     .astype(np.int64))
             cols["token_id"].append(both(np.full(h, first_id), ts.ids[slots]).astype(np.int64))
-            cols["occurrences"].append(both(occ0, occ[heads, slots]).astype(np.int64))
+            cols["occurrences"].append(both(occ.occ0, n_occ[heads, slots]).astype(np.int64))
+            cols["windows"].append(both(occ.occ0, n_win[heads, slots]).astype(np.int64))
             cols["pairs"].append(both(zero["pairs"], ts.sums["pairs"][heads, slots])
                                  .astype(np.int64))
-            cols["mean_share"].append(both(z_share, share[heads, slots]))
-            cols["uniform_share"].append(both(_ratio(zero["uniform"], zero["pairs"]),
-                                              uniform[heads, slots]))
-            cols["lift"].append(both(z_lift, lift[heads, slots]))
-            cols["detected"].append(both(z_hit, hit[heads, slots]).astype(bool))
+            cols["mean_share"].append(both(_ratio(zero["share"], zero["pairs"]),
+                                           _ratio(ts.sums["share"], ts.sums["pairs"])
+                                           [heads, slots]))
+            cols["uniform_share"].append(both(uniform0, uniform[heads, slots]))
+            for i, name in enumerate(("share_q1", "median_share", "share_q3", "share_held")):
+                cols[name].append(both(spread0[:, i], spread[:, i]))
+            cols["lift"].append(both(_ratio(spread0[:, 1], uniform0),
+                                     _ratio(spread[:, 1], uniform[heads, slots])))
+            cols["detected"].append(both(hit0, hit).astype(bool))
             cols["n_windows"].append(np.full(k, n_windows.get(layer, 0), dtype=np.int64))
         return {c: _cat(v, c) for c, v in cols.items()}
 
@@ -473,7 +605,8 @@ def _cat(parts: list[np.ndarray], name: str) -> np.ndarray:
     if parts:
         return np.concatenate(parts)
     floats = {"norm_ratio", "sink_cos_mean", "sink_cos_pairwise", "sink_mass", "sink_in_top_n",
-              "mean_share", "uniform_share", "lift"}
+              "mean_share", "uniform_share", "lift", "share_q1", "median_share", "share_q3",
+              "share_held"}
     if name == "detected":
         return np.zeros(0, dtype=bool)
     return np.zeros(0, dtype=np.float64 if name in floats else np.int64)

@@ -76,7 +76,9 @@ def _finish_metrics(frames, config, context) -> None:
 def _make_sink(config, context):
     from attngeom.core.sink import SinkAccumulator
 
-    return SinkAccumulator(tuple(config.n_grid), report_ids=context.special_ids)
+    return SinkAccumulator(tuple(config.n_grid), report_ids=context.special_ids,
+                           min_occurrences=config.sink_min_occurrences,
+                           min_windows=config.sink_min_windows)
 
 
 def _finish_sink(frames, config, context) -> None:

@@ -56,8 +56,9 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "n_windows:i"
     ),
     "sink_tokens": _cols(
-        _ID + "layer:i head:i position:i token_id:i token:s occurrences:i pairs:i "
-        "mean_share:f uniform_share:f lift:f detected:b n_windows:i"
+        _ID + "layer:i head:i position:i token_id:i token:s occurrences:i windows:i pairs:i "
+        "mean_share:f uniform_share:f share_q1:f median_share:f share_q3:f share_held:f "
+        "lift:f detected:b n_windows:i"
     ),
     "taxonomy": _cols(
         _ID + "layer:i head:i n_queries:i f_self:f f_sink:f f_other:f offset_entropy:f "
