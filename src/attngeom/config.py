@@ -214,6 +214,9 @@ class AnalysisConfig(RunConfig):
                             "label stability (0: none)")
     regime_rule: str = option("single", help="head regime rule: single (plurality of self, "
                               "sink and the most frequent single other source) or lumped")
+    sink_min_occurrences: int = option(5, help="a token is a sink of a head only when "
+                                       "analysed queries saw it at least this many times")
+    sink_min_windows: int = option(3, help="... and in at least this many windows")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -234,6 +237,9 @@ class AnalysisConfig(RunConfig):
         v.one_of("compile", self.compile, ("auto", "on", "off"))
         s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
         v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
+        s(self, "sink_min_occurrences", v.integer("sink_min_occurrences",
+                                                  self.sink_min_occurrences, low=1))
+        s(self, "sink_min_windows", v.integer("sink_min_windows", self.sink_min_windows, low=1))
         for name in self.analyses:
             missing = [x for x in ANALYSIS_NEEDS.get(name, ()) if x not in self.analyses]
             if missing:
@@ -270,9 +276,6 @@ class _InterventionConfig(RunConfig):
 
     @property
     def windows_needed(self) -> int:
-    sink_min_occurrences: int = option(5, help="a token is a sink of a head only when "
-                                       "analysed queries saw it at least this many times")
-    sink_min_windows: int = option(3, help="... and in at least this many windows")
         return self.n_rank_windows_needed + self.n_eval_windows
 
     @property
@@ -293,9 +296,6 @@ def _orders(value) -> tuple[str, ...] | None:
     out = []
     for item in items:
         names = tuple(item.split(">")) if isinstance(item, str) else tuple(item)
-        s(self, "sink_min_occurrences", v.integer("sink_min_occurrences",
-                                                  self.sink_min_occurrences, low=1))
-        s(self, "sink_min_windows", v.integer("sink_min_windows", self.sink_min_windows, low=1))
         if sorted(names) != sorted(RANKER_REGIMES):
             raise ConfigError(
                 f"orders: expected 'all' or permutations of {'>'.join(RANKER_REGIMES)}, "
