@@ -45,9 +45,10 @@ A sink **recurs** (SPEC 3): x is ``detected`` only with occurrences >= ``min_occ
 
 Why the median is kept exact with bounded state: a median needs the per-occurrence
 shares, and a run's occurrences grow as windows x layers x heads x T (all keys of every
-window). Only shares >= ``min_share`` can decide detection, and a query row gives at
-most 1/min_share keys that much, so the state keeps the shares >= ``min_share`` (a
-bounded number per window and head) plus exact counts of all occurrences. The median
+window). Only shares >= ``min_share`` can decide detection, so the state keeps those
+(with ``final`` queries at most 1/min_share per window and head, as a row gives that
+much to at most 1/min_share keys; with more queries a kept key must average it over
+every query that sees it) plus exact counts of all occurrences. The median
 and quartiles are nearest-rank order statistics (the ceil(p n)-th smallest), never an
 average of two middle values, so each is exact whenever it is >= ``min_share``; below
 it, the value is unknown and reported NaN (the token is then not detected, which is
