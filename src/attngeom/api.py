@@ -11,9 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attngeom.config import AnalysisConfig, PruneConfig, RestrictConfig, RunConfig, ScanConfig
+from attngeom.config import (
+    AnalysisConfig,
+    PruneConfig,
+    RestrictConfig,
+    RunConfig,
+    ScanConfig,
+    command_spec,
+)
 from attngeom.pipeline.compare import Comparison, compare_runs
-from attngeom.pipeline.runner import RunResult, execute
+from attngeom.pipeline.runner import RunResult, execute, work_of
 
 __all__ = [
     "AnalysisConfig",
@@ -32,7 +39,9 @@ __all__ = [
     "report",
     "reproduce",
     "restrict",
+    "run",
     "scan_heads",
+    "summary",
 ]
 
 AnalysisResult = RunResult  # what analyze returns
@@ -48,6 +57,29 @@ def _config(cls: type[RunConfig], config, model, corpus, options: dict) -> RunCo
     return config.with_(**given, **options) if given or options else config
 
 
+def run(command: str, model: str | None = None, corpus: str | None = None,
+        out: str | Path | None = None, *, config: RunConfig | None = None,
+        overwrite: bool = False, progress=True, model_and_tokenizer=None,
+        **options) -> RunResult:
+    """Run the registered command ``command`` (``config.COMMANDS``: analyze, prune,
+    scan-heads, restrict and any command added since); ``options`` are fields of its
+    configuration class. The functions below are this with the command's name."""
+    spec = command_spec(command)
+    return execute(work_of(command), _config(spec.config, config, model, corpus, options),
+                   out, overwrite=overwrite, progress=progress,
+                   model_and_tokenizer=model_and_tokenizer)
+
+
+def summary(result: RunResult) -> str:
+    """The text ``attngeom COMMAND`` prints for ``result``: its main table with human
+    column names and every caveat (the command's declared ``summary`` function)."""
+    import importlib
+
+    spec = command_spec(result.manifest.get("command", ""))
+    module, _, attr = spec.summary.partition(":")
+    return getattr(importlib.import_module(module), attr)(result)
+
+
 def analyze(model: str | None = None, corpus: str | None = None, out: str | Path | None = None,
             *, config: AnalysisConfig | None = None, overwrite: bool = False,
             progress=True, model_and_tokenizer=None, **options) -> RunResult:
@@ -61,11 +93,8 @@ def analyze(model: str | None = None, corpus: str | None = None, out: str | Path
     >>> sorted(f["rule"].unique())
     ['attention', 'contribution', 'random']
     """
-    from attngeom.pipeline.analyze import Analyze
-
-    return execute(Analyze(), _config(AnalysisConfig, config, model, corpus, options), out,
-                   overwrite=overwrite, progress=progress,
-                   model_and_tokenizer=model_and_tokenizer)
+    return run("analyze", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
 
 
 def prune(model: str | None = None, corpus: str | None = None, out: str | Path | None = None,
@@ -76,11 +105,8 @@ def prune(model: str | None = None, corpus: str | None = None, out: str | Path |
     Rankers see only the ranking windows; perplexity is measured on the evaluation
     windows that follow them in the corpus (disjoint by construction).
     """
-    from attngeom.pipeline.interventions import Prune
-
-    return execute(Prune(), _config(PruneConfig, config, model, corpus, options), out,
-                   overwrite=overwrite, progress=progress,
-                   model_and_tokenizer=model_and_tokenizer)
+    return run("prune", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
 
 
 def scan_heads(model: str | None = None, corpus: str | None = None,
@@ -89,11 +115,8 @@ def scan_heads(model: str | None = None, corpus: str | None = None,
                **options) -> RunResult:
     """Remove each head alone and report relative delta-NLL; critical heads above
     ``threshold`` (method §9). ``options``: ``ScanConfig`` fields."""
-    from attngeom.pipeline.interventions import ScanHeads
-
-    return execute(ScanHeads(), _config(ScanConfig, config, model, corpus, options), out,
-                   overwrite=overwrite, progress=progress,
-                   model_and_tokenizer=model_and_tokenizer)
+    return run("scan-heads", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
 
 
 def restrict(model: str | None = None, corpus: str | None = None,
@@ -102,18 +125,16 @@ def restrict(model: str | None = None, corpus: str | None = None,
              **options) -> RunResult:
     """Top-N attention restriction: delta-NLL per N and the effective set size N*_tau
     (method §9). ``options``: ``RestrictConfig`` fields."""
-    from attngeom.pipeline.interventions import Restrict
-
-    return execute(Restrict(), _config(RestrictConfig, config, model, corpus, options), out,
-                   overwrite=overwrite, progress=progress,
-                   model_and_tokenizer=model_and_tokenizer)
+    return run("restrict", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
 
 
-def report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report/index.html`` (figures and tables of whatever the run holds)."""
+def report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``RUN_DIR/report/index.html`` (figures and tables of whatever the run holds),
+    or ``OUT/index.html`` where ``out`` is given (a run directory one cannot write to)."""
     from attngeom.report import build_report
 
-    return build_report(Path(run_dir))
+    return build_report(Path(run_dir), out=out)
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
@@ -145,6 +166,6 @@ def reproduce(study: str | Path, out: str | Path | None = None, *, dry_run: bool
 
 
 def demo(out: str | Path = "runs/demo", *, progress=True):
-    """The demo study (``studies/demo.toml``) on the shared models and corpora
+    """The demo study (``studies/demo.toml``) on the bundled models and corpora
     (``make demo``)."""
     return reproduce("demo", out, progress=progress)

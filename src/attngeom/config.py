@@ -43,8 +43,9 @@ from attngeom.names import (
 from attngeom.results.schemas import ANALYSES
 
 __all__ = [
-    "COMMANDS", "AnalysisConfig", "PruneConfig", "RestrictConfig", "RunConfig", "ScanConfig",
-    "option", "option_fields",
+    "COMMANDS", "AnalysisConfig", "CommandSpec", "PruneConfig", "RestrictConfig", "RunConfig",
+    "ScanConfig",
+    "command", "command_spec", "loss_commands", "option", "option_fields",
 ]
 
 
@@ -62,17 +63,71 @@ def option(default=MISSING, *, help: str, factory=None, fingerprint: bool = True
 
 
 @dataclass(frozen=True)
+class CommandSpec:
+    """One run command, declared once: the CLI's subcommand and help, the API's
+    ``api.run(name)``, the study file's analysis name and run folder, and what the
+    runner must check are all read from here (``COMMANDS``).
+
+    ``work`` and ``summary`` are ``"module:name"`` paths, imported only when the command
+    runs, so declaring a command imports nothing heavy: ``work`` is the
+    ``pipeline.runner.Command`` subclass that computes the tables, ``summary`` the
+    function that turns a ``RunResult`` into the text the CLI prints.
+    """
+
+    name: str
+    config: type
+    help: str
+    work: str
+    summary: str = "attngeom.report.text:tables_summary"
+    run_dir: str = ""  # its folder in a study, runs/MODEL/CORPUS/RUN_DIR (default: name)
+    loss: bool = False  # measures next-token loss: needs a causal LM, holds the logits
+    study: str | None = None  # its name in a study's analyses (None: not in studies)
+
+    @property
+    def folder(self) -> str:
+        return self.run_dir or self.name
+
+
+COMMANDS: dict[str, CommandSpec] = {}
+
+
+def command(name: str, *, help: str, work: str, **spec):
+    """Class decorator: register the configuration class of run command ``name``
+    (``CommandSpec`` fields as keywords). Adding a command is this declaration, its
+    configuration class and its ``work`` (``docs/extending.md``)."""
+
+    def register(cls):
+        cls.command = name
+        COMMANDS[name] = CommandSpec(name=name, config=cls, help=help, work=work, **spec)
+        return cls
+
+    return register
+
+
+def command_spec(name: str) -> CommandSpec:
+    """The registered command ``name`` (``ConfigError`` naming the known ones otherwise)."""
+    if name not in COMMANDS:
+        raise ConfigError(f"command: expected one of {', '.join(COMMANDS)}, got {name!r}")
+    return COMMANDS[name]
+
+
+def loss_commands() -> tuple[str, ...]:
+    """The commands that measure next-token loss (they need a causal LM)."""
+    return tuple(n for n, c in COMMANDS.items() if c.loss)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """What every command shares: which model, which corpus, which windows, where."""
 
     command: ClassVar[str] = ""
 
     model: str | None = option(
-        None, help="hub id, local model directory or .gguf file (default: the shared "
-        "stories260K, found through ATTNGEOM_ASSETS)", metavar="MODEL")
+        None, help="hub id, local model directory or .gguf file (default: the bundled "
+        "stories260K)", metavar="MODEL")
     corpus: str | None = option(
         None, help="a .txt, .jsonl or .parquet file, a folder of them, or wikitext-103, "
-        "wikitext-2, openwebtext (default: the shared TinyStories sample)", metavar="CORPUS")
+        "wikitext-2, openwebtext (default: the bundled TinyStories sample)", metavar="CORPUS")
     window_length: int = option(256, help="tokens per window (T), special tokens included")
     start_window: int = option(0, help="index of the first window taken from the corpus")
     windows_per_document: int | None = option(
@@ -183,11 +238,12 @@ class RunConfig:
         return d
 
 
+@command("analyze", help="top-N geometry, sink, taxonomy, bounds and assumptions of a model",
+         work="attngeom.pipeline.analyze:Analyze",
+         summary="attngeom.report.text:analyze_summary")
 @dataclass(frozen=True)
 class AnalysisConfig(RunConfig):
-    """``attngeom analyze``: top-N geometry, sink, taxonomy, bounds and diagnostics."""
-
-    command: ClassVar[str] = "analyze"
+    """``attngeom analyze``: top-N geometry, sink, taxonomy, bounds and assumptions."""
 
     n_windows: int | None = option(32, help="windows to analyse (0 or none: every window)")
     n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), help="set sizes N")
@@ -307,11 +363,12 @@ def _orders(value) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(out))
 
 
+@command("prune", help="keep-fraction pruning sweep per head ranker",
+         work="attngeom.pipeline.interventions:Prune",
+         summary="attngeom.report.text:prune_summary", loss=True, study="pruning")
 @dataclass(frozen=True)
 class PruneConfig(_InterventionConfig):
     """``attngeom prune``: keep-fraction pruning sweep per head ranker (method §9)."""
-
-    command: ClassVar[str] = "prune"
 
     rankers: tuple[str, ...] = option(RANKERS, help="head rankers")
     keep_fractions: tuple[float, ...] = option((1.0, 0.9, 0.75, 0.5, 0.25),
@@ -337,11 +394,13 @@ class PruneConfig(_InterventionConfig):
         return self.n_rank_windows
 
 
+@command("scan-heads", help="remove each head alone; find critical heads",
+         work="attngeom.pipeline.interventions:ScanHeads",
+         summary="attngeom.report.text:scan_summary", run_dir="scan", loss=True,
+         study="head_scan")
 @dataclass(frozen=True)
 class ScanConfig(_InterventionConfig):
     """``attngeom scan-heads``: relative delta-NLL of removing each head alone (method §9)."""
-
-    command: ClassVar[str] = "scan-heads"
 
     threshold: float = option(0.05, help="relative delta-NLL above which a head is critical")
 
@@ -351,11 +410,12 @@ class ScanConfig(_InterventionConfig):
                            v.number("threshold", self.threshold, low=0.0, low_open=True))
 
 
+@command("restrict", help="keep only the top-N attention entries per query; N*_tau",
+         work="attngeom.pipeline.interventions:Restrict",
+         summary="attngeom.report.text:restrict_summary", loss=True, study="restriction")
 @dataclass(frozen=True)
 class RestrictConfig(_InterventionConfig):
     """``attngeom restrict``: top-N attention restriction and N*_tau (method §9)."""
-
-    command: ClassVar[str] = "restrict"
 
     n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), help="kept entries N per query")
     scopes: tuple[str, ...] = option(("model",), help="what is restricted at once: model, "
@@ -385,11 +445,6 @@ class RestrictConfig(_InterventionConfig):
             if outside:
                 raise ConfigError(f"heads: expected every head's layer in layers="
                                   f"{list(self.layers)}, got {outside[0]}")
-
-
-COMMANDS: dict[str, type[RunConfig]] = {
-    cls.command: cls for cls in (AnalysisConfig, PruneConfig, ScanConfig, RestrictConfig)
-}
 
 
 def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]]:

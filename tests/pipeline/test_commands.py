@@ -106,7 +106,7 @@ def test_prune_and_restrict_write_their_tables(tmp_path) -> None:
     ],
 )
 def test_bad_intervention_arguments(argv, match, capsys, tmp_path) -> None:
-    code = main([*argv, "--out", str(tmp_path / "o")])
+    code = main([*argv, "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and match in err and "\n" not in err
     assert not (tmp_path / "o" / "manifest.json").exists()

@@ -328,15 +328,26 @@ def test_prepare_run_dir_new_and_same_run(tmp_path):
 def test_prepare_run_dir_refuses_different_run_then_overwrites(tmp_path):
     run = tmp_path / "run"
     fp = _finished_run(run)
-    with pytest.raises(RunDirError, match=r"holds a different attngeom run \(command 'analyze', "
-                       rf"fingerprint {fp[:12]}; this run: command 'analyze', fingerprint other"):
+    with pytest.raises(RunDirError, match=r"holds a different attngeom run \(fingerprint "
+                       rf"{fp[:12]}; this run: other\); pass --overwrite"):
         prepare_run_dir(run, command="analyze", fingerprint="other")
-    with pytest.raises(RunDirError, match="different attngeom run"):
+    with pytest.raises(RunDirError, match="different attngeom run .command 'analyze'; this "
+                       "run: 'prune'"):
         prepare_run_dir(run, command="prune", fingerprint=fp)
     assert (run / MANIFEST_NAME).exists()  # refused: nothing removed
     (run / ".head_scan.parquet.0123456789abcdef0123456789abcdef.tmp").write_bytes(b"left over")
     prepare_run_dir(run, command="prune", fingerprint="other", overwrite=True)
     assert list(run.iterdir()) == []
+
+
+def test_a_finished_run_of_other_options_is_refused_naming_the_option(tmp_path):
+    run = tmp_path / "run"
+    _finished_run(run, config={"window_length": 256, "seed": 0})
+    new = {"window_length": 128, "seed": 0}
+    with pytest.raises(RunDirError, match=r"different attngeom run \(option window_length "
+                       r"\(was 256, now 128\)\); pass --overwrite"):
+        prepare_run_dir(run, command="analyze", fingerprint=config_fingerprint(new),
+                        config=new)
 
 
 def test_prepare_run_dir_never_deletes_user_files(tmp_path):
@@ -366,7 +377,7 @@ def test_prepare_run_dir_manifestless_and_corrupt(tmp_path):
     run.mkdir()
     write_table(run, "head_scan", head_scan())
     with pytest.raises(RunDirError,
-                       match="attngeom files but no manifest.json; pass overwrite=True"):
+                       match="attngeom files but no manifest.json; pass --overwrite"):
         prepare_run_dir(run, command="analyze", fingerprint="f")
     (run / MANIFEST_NAME).write_text("{oops")
     with pytest.raises(RunDirError, match="corrupt manifest"):

@@ -49,9 +49,7 @@ def analyze_windows(ctx: RunContext, config, windows, *, stage: str = "analyze",
 
 
 class Analyze(Command):
-    """Top-N geometry, sink, taxonomy, bounds and diagnostics (method §2-§8)."""
-
-    name = "analyze"
+    """Top-N geometry, sink, taxonomy, bounds and assumptions (method §2-§8)."""
 
     def run(self, ctx: RunContext) -> dict:
         cfg = ctx.config

@@ -54,9 +54,6 @@ def _split(ctx: RunContext, n_rank: int):
 class ScanHeads(Command):
     """Remove each head alone; relative delta-NLL and critical heads."""
 
-    name = "scan-heads"
-    needs_causal = True
-
     def run(self, ctx: RunContext) -> dict:
         _, ev = _split(ctx, 0)
         layout = ctx.layout
@@ -71,9 +68,6 @@ class ScanHeads(Command):
 class Restrict(Command):
     """Keep only the top-N attention entries per query; delta-NLL and N*_tau."""
 
-    name = "restrict"
-    needs_causal = True
-
     def run(self, ctx: RunContext) -> dict:
         cfg = ctx.config
         _, ev = _split(ctx, 0)
@@ -87,9 +81,6 @@ class Restrict(Command):
 
 class Prune(Command):
     """Rank heads on the ranking windows, then prune by keep fraction on the others."""
-
-    name = "prune"
-    needs_causal = True
 
     def run(self, ctx: RunContext) -> dict:
         from attngeom.pipeline.analyze import analyze_windows

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from attngeom.errors import ConfigError, CorpusError, RunDirError
+from attngeom.pipeline.labels import label_of
 
 
 @dataclass
@@ -178,8 +179,11 @@ class RunContext:
         self.counts[f"resumed_{unit}s"] = self.counts.get(f"resumed_{unit}s", 0) + resumed
         total = sum(weight(u) for u in units)
         show = self.progress if dist.is_main else False
-        with Progress(total, desc=desc + (f", {resumed} resumed" if resumed else ""),
-                      unit=unit, enabled=show, initial=resumed) as bar:
+        # the first process's bar counts every process's units: the others' by their
+        # shards, which appear as each one finishes a unit
+        others = [u for u in units if u.index not in done and not dist.owns(u.index)]
+        with Progress(total, desc=desc, unit=unit, enabled=show, initial=resumed,
+                      redone=sum(weight(u) for u in damaged)) as bar:
             for u in units:
                 if u.index in done:
                     if dist.world == 1:
@@ -191,8 +195,13 @@ class RunContext:
                 if store is not None:
                     store.save(stage, u.index, u.window_ids, payload)
                 bar.advance(weight(u))
+                others = _count_finished(store, stage, others, bar, weight)
                 if dist.world == 1:
                     yield payload
+            if dist.world > 1 and dist.is_main and show:
+                while others:  # until every other process has written its units
+                    time.sleep(0.2)
+                    others = _count_finished(store, stage, others, bar, weight)
         if dist.world > 1:
             dist.barrier()
             for u in units:
@@ -218,19 +227,37 @@ class RunContext:
         return self.config.corpus_label or label_of(self.config.corpus)
 
 
-class Command:
-    """A command of the CLI and the API: its name, what it needs, how it runs."""
+def _count_finished(store, stage: str, pending: list, bar, weight) -> list:
+    """Advance ``bar`` by the units of ``pending`` another process has finished (their
+    shard is on disk; a shard is written whole or not at all); the rest stay pending."""
+    if not pending or store is None:
+        return pending
+    left = []
+    for u in pending:
+        if store.path(stage, u.index).is_file():
+            bar.advance(weight(u))
+        else:
+            left.append(u)
+    return left
 
-    name: str = ""
-    needs_causal: bool = False  # perplexity needs a causal LM
+
+class Command:
+    """The work of a run command: ``run(ctx)`` computes its tables. What the command is
+    called, its configuration and whether it needs a causal LM are its declaration in
+    ``config.COMMANDS`` (``@command`` on its configuration class)."""
 
     def run(self, ctx: RunContext) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
-def label_of(path_or_id: str) -> str:
-    p = Path(str(path_or_id))
-    return p.name if p.name else str(path_or_id)
+def work_of(name: str) -> Command:
+    """The ``Command`` that computes the registered command ``name``."""
+    import importlib
+
+    from attngeom.config import command_spec
+
+    module, _, attr = command_spec(name).work.partition(":")
+    return getattr(importlib.import_module(module), attr)()
 
 
 def check_writable(out: Path) -> Path:
@@ -253,14 +280,15 @@ def check_writable(out: Path) -> Path:
     return out
 
 
-def prepare_output(out, command: str, fingerprint: str, overwrite: bool) -> Path | None:
+def prepare_output(out, command: str, fingerprint: str, overwrite: bool,
+                   config: dict | None = None) -> Path | None:
     """Refuse another run's directory and prove this one writable, before any work."""
     if out is None:
         return None
     from attngeom.results.io import prepare_run_dir
 
     prepare_run_dir(out, command=command, fingerprint=fingerprint, overwrite=overwrite,
-                    check_only=True)
+                    check_only=True, config=config)
     return check_writable(Path(out))
 
 
@@ -346,25 +374,50 @@ def _labelled(df, ctx: RunContext):
 
 def execute(command: Command, config, out=None, *, overwrite: bool = False,
             progress=True, model_and_tokenizer=None) -> RunResult:
-    """Run ``command`` with ``config``; write its tables and manifest to ``out`` if given."""
-    from attngeom.capture import load_model, load_tokenizer, model_layout
-    from attngeom.pipeline.stream import check_window_fits
-    from attngeom.results.manifest import build_manifest, config_fingerprint
-    from attngeom.results.state import ShardStore, check_resumable, clear_states
+    """Run ``command`` with ``config``; write its tables and manifest to ``out`` if given.
 
+    The command's name and needs are its declaration (``config.COMMANDS``), found by
+    the configuration's class."""
+    from attngeom.config import command_spec
+    from attngeom.results.state import RunLock, check_resumable
+
+    spec = command_spec(config.command)
     config.require_model_and_corpus()
     dist = Distributed.from_env(config.device)
     if dist.world > 1 and out is None:
         raise ConfigError("a data-parallel run needs an output directory (--out): its "
                           "processes share their finished windows there")
-    fingerprint = config_fingerprint(config.fingerprint_dict())
-    resume_key = config.resume_key()
+    lock = RunLock(out) if out is not None and dist.is_main else None
+    if lock is not None:
+        lock.check()  # a run in progress there: refused before anything else is said
     if out is not None and not overwrite:
-        check_resumable(out, command=command.name, resume_key=resume_key)
-    out_dir = prepare_output(out, command.name, fingerprint, overwrite)
+        check_resumable(out, command=spec.name, resume_key=config.resume_key())
+    from attngeom.results.manifest import config_fingerprint
+
+    fingerprint = config_fingerprint(config.fingerprint_dict())
+    out_dir = prepare_output(out, spec.name, fingerprint, overwrite,
+                             config.fingerprint_dict())
+    if lock is None:
+        return _execute(command, spec, config, out_dir, fingerprint, dist, overwrite=overwrite,
+                        progress=progress, model_and_tokenizer=model_and_tokenizer)
+    with lock:
+        return _execute(command, spec, config, out_dir, fingerprint, dist, overwrite=overwrite,
+                        progress=progress, model_and_tokenizer=model_and_tokenizer)
+
+
+def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, progress,
+             model_and_tokenizer) -> RunResult:
+    from attngeom.capture import load_model, load_tokenizer, model_layout
+    from attngeom.pipeline.progress import say
+    from attngeom.pipeline.stream import check_window_fits
+    from attngeom.results.manifest import build_manifest
+    from attngeom.results.state import ShardStore, clear_states
+
+    name, resume_key = spec.name, config.resume_key()
+    talk = progress if dist.is_main else False
     store = None
     if out_dir is not None:
-        store = ShardStore(out_dir, fingerprint, command=command.name, resume_key=resume_key)
+        store = ShardStore(out_dir, fingerprint, command=name, resume_key=resume_key)
         if dist.is_main and overwrite and store.root.is_dir():
             _drop_other_resume_key(store.root, resume_key)
         dist.barrier()
@@ -374,14 +427,21 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
     tokenizer = given_tok if given_tok is not None else load_tokenizer(config.model)
     windows, info, policy = load_windows(config, tokenizer)
     needed = config.windows_needed
-    if command.needs_causal and needed is not None and len(windows) < needed:
+    if spec.loss and needed is not None and len(windows) < needed:
         raise ConfigError(
             f"corpus gives {len(windows)} windows of {config.window_length} tokens; "
             f"the command needs {needed}"
         )
+    counts: dict = {}
+    if needed is not None and len(windows) < needed:
+        counts["windows_requested"] = needed
+        say(talk, f"warning: the corpus gives {len(windows)} windows of "
+                  f"{config.window_length} tokens, {needed} were asked for; running on "
+                  f"{len(windows)}")
     timings["windows_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     if given_model is None:
+        say(talk, f"loading {label_of(config.model)} ({config.dtype}, {config.device}) ...")
         model, tokenizer = load_model(config.model, device=dist.device(config.device),
                                       dtype=config.dtype, tokenizer=tokenizer,
                                       device_map=config.device_map)
@@ -389,18 +449,18 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
         model = given_model
     layout = model_layout(model)
     check_window_fits(config.window_length, layout)
-    if command.needs_causal and not layout.is_causal:
-        raise ConfigError(f"{layout.model_class} is not a causal LM: {command.name} measures "
+    if spec.loss and not layout.is_causal:
+        raise ConfigError(f"{layout.model_class} is not a causal LM: {name} measures "
                           "next-token loss, which needs one")
     timings["load_model_s"] = time.perf_counter() - t1
 
     ctx = RunContext(config=config, tokenizer=tokenizer, windows=windows, corpus_info=info,
-                     policy=policy, model=model, layout=layout, progress=progress,
-                     timings=timings, store=store, dist=dist)
-    tables = {name: _labelled(df, ctx) for name, df in command.run(ctx).items()}
+                     policy=policy, model=model, layout=layout, progress=talk,
+                     timings=timings, store=store, dist=dist, counts=counts)
+    tables = {n: _labelled(df, ctx) for n, df in command.run(ctx).items()}
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(
-        command=command.name, config=config.to_dict(),
+        command=name, config=config.to_dict(),
         model_info=model_identity(config.model, model, layout), corpus_info=_corpus_meta(ctx),
         seed=config.seed, timings=timings, tables={n: f"{n}.parquet" for n in tables},
         counts=ctx.counts, fingerprint=fingerprint,
@@ -408,10 +468,11 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
     if out_dir is not None and dist.is_main:
         from attngeom.results.io import prepare_run_dir, write_manifest, write_table
 
-        out_dir = prepare_run_dir(out_dir, command=command.name, fingerprint=fingerprint,
+        say(talk, f"writing {len(tables)} tables to {out_dir} ...")
+        out_dir = prepare_run_dir(out_dir, command=name, fingerprint=fingerprint,
                                   overwrite=overwrite)
-        for name, df in tables.items():
-            write_table(out_dir, name, df)
+        for n, df in tables.items():
+            write_table(out_dir, n, df)
         write_manifest(out_dir, manifest)
     # the shards go only once every process has read them: a rank still reading the last
     # stage's shards must not find them deleted (it failed with "no shard" 1 run in 3)

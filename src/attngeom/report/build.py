@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attngeom.errors import RunDirError
 from attngeom.figures.render import RenderedFigure, render_figures
 from attngeom.figures.runtables import RunTables, load_run
 from attngeom.figures.style import DPI
@@ -25,19 +26,28 @@ from attngeom.report.html import (
 )
 
 
-def build_report(run_dir, *, formats=("png", "pdf")) -> Path:
-    """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``).
+def build_report(run_dir, *, out=None, formats=("png", "pdf")) -> Path:
+    """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``), or
+    ``out/index.html`` where ``out`` is given (a run one cannot write to).
 
     Raises ``attngeom.errors.RunDirError`` naming the file when ``run_dir`` is not a
-    run or one of its listed tables is missing or unreadable.
+    run or one of its listed tables is missing or unreadable, and with one line when
+    the report's folder cannot be written.
 
     ``build_report("runs/demo/tinystories")`` writes and returns
     ``runs/demo/tinystories/report/index.html``.
     """
     run = load_run(run_dir)
-    out = Path(run_dir) / "report"
+    out = Path(run_dir) / "report" if out is None else Path(out)
     fig_dir = out / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        probe = out / ".attngeom-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise RunDirError(f"cannot write the report to {out}: {e.strerror or type(e).__name__}"
+                          "; pass --out DIR to write it elsewhere") from None
     rendered = render_figures(run, fig_dir, formats=formats)
     notes = list(rendered.notes)
     notes += [f"manifest.json lists table {name!r}, which this version of attngeom does not "
@@ -51,9 +61,8 @@ def build_report(run_dir, *, formats=("png", "pdf")) -> Path:
 def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
                 base: Path) -> str:
     manifest = run.manifest
-    model = manifest.get("model") or {}
     corpus = manifest.get("corpus") or {}
-    title = f"attngeom report: {model.get('name', run.run_dir.name)}"
+    title = f"attngeom report: {run_title(manifest, run.run_dir)}"
     subtitle = " | ".join(str(x) for x in (
         f"corpus {corpus['name']}" if corpus.get("name") else None,
         f"created {manifest['created']}" if manifest.get("created") else None,
@@ -133,11 +142,39 @@ def _findings(run: RunTables, summary) -> list[str]:
 
 
 
+def run_title(manifest: dict, run_dir: Path) -> str:
+    """The model's name (its label, else the last part of its path or hub id), not the
+    path it was loaded from."""
+    label = (manifest.get("config") or {}).get("model_label")
+    name = (manifest.get("model") or {}).get("name")
+    if label:
+        return str(label)
+    if name:
+        return Path(str(name)).name or str(name)
+    return run_dir.name
+
+
+def portable(value):
+    """``value`` with every absolute path of this machine cut to its last part, so a
+    report shows no home folder or mount point when it is shared."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(portable(v) for v in value)
+    if isinstance(value, str) and len(value) > 1 and (value.startswith(("/", "~"))
+                                                      or value[1:3] == ":\\"):
+        return f".../{Path(value).name}"
+    return value
+
+
 def _manifest_section(run: RunTables) -> str:
     m = run.manifest
     model = m.get("model") or {}
     corpus = m.get("corpus") or {}
-    facts = [("run directory", str(run.run_dir))]
+    m = portable(m)
+    model = m.get("model") or {}
+    corpus = m.get("corpus") or {}
+    facts = [("run directory", run.run_dir.name)]
     if m.get("command"):
         facts.append(("command", m["command"]))
     if model:

@@ -45,7 +45,7 @@ from attngeom.results.schemas import (
     table_file,
     validate_table,
 )
-from attngeom.results.state import STATE_DIR, run_states
+from attngeom.results.state import LOCK_FILE, STATE_DIR, differences, run_states
 
 MANIFEST_NAME = "manifest.json"
 PARQUET_COMPRESSION = "zstd"
@@ -276,8 +276,12 @@ def _describe(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+OVERWRITE_HINT = "pass --overwrite (overwrite=True in Python)"
+
+
 def prepare_run_dir(
-    run_dir, *, command: str, fingerprint: str, overwrite: bool = False, check_only: bool = False
+    run_dir, *, command: str, fingerprint: str, overwrite: bool = False,
+    check_only: bool = False, config: dict | None = None,
 ) -> Path:
     """Create or check the directory a run of ``command`` writes its results to.
 
@@ -294,6 +298,9 @@ def prepare_run_dir(
     ``fingerprint`` is normally ``manifest.config_fingerprint(config)``; a manifest
     without a ``fingerprint`` field is compared by the fingerprint of its ``config``.
 
+    ``config`` (the new run's fingerprint options) lets the refusal of a finished run
+    of other options name the first option that differs.
+
     ``check_only=True`` raises exactly the same errors but creates and removes
     nothing: commands call it before any work, and again without it just before
     writing, so a run that fails half way leaves the previous results in place.
@@ -305,8 +312,8 @@ def prepare_run_dir(
         if check_only:
             return run_dir
         run_dir.mkdir(parents=True, exist_ok=True)  # another process may race us here
-    entries = sorted((p for p in run_dir.iterdir() if not _PROBE_RE.match(p.name)),
-                     key=lambda p: p.name)
+    entries = sorted((p for p in run_dir.iterdir() if not _PROBE_RE.match(p.name)
+                      and not _only_a_lock(p)), key=lambda p: p.name)
     if not entries:
         return run_dir
 
@@ -340,14 +347,13 @@ def prepare_run_dir(
     if not overwrite:
         if manifest is not None:
             raise RunDirError(
-                f"{run_dir} holds a different attngeom run (command "
-                f"{manifest.get('command')!r}, fingerprint {_short(_fingerprint_of(manifest))}; "
-                f"this run: command {command!r}, fingerprint {_short(fingerprint)}); "
-                "pass overwrite=True to replace it or choose another directory"
+                f"{run_dir} holds a different attngeom run "
+                f"({_how_different(manifest, command, fingerprint, config)}); "
+                f"{OVERWRITE_HINT} to replace it or choose another directory"
             )
         reason = manifest_problem or f"attngeom files but no {MANIFEST_NAME}"
         raise RunDirError(
-            f"{run_dir} holds {reason}; pass overwrite=True to replace it "
+            f"{run_dir} holds {reason}; {OVERWRITE_HINT} to replace it "
             "or choose another directory"
         )
     if check_only:
@@ -364,6 +370,28 @@ def _resuming(run_dir: Path, command: str, fingerprint: str) -> bool:
 
     return any(s.get("command") == command and s.get("fingerprint") == fingerprint
                for s in run_states(run_dir))
+
+
+def _only_a_lock(entry: Path) -> bool:
+    """The state folder of a run that has taken its lock and written nothing else yet."""
+    return entry.name == STATE_DIR and entry.is_dir() and {
+        p.name for p in entry.iterdir()} <= {LOCK_FILE}
+
+
+def _how_different(manifest: dict, command: str, fingerprint: str,
+                    config: dict | None) -> str:
+    """``command 'prune', this run 'analyze'``, or the first option that differs (``option
+    n_grid (was [1, 2], now [1, 2, 4]) and 2 more``), else both fingerprints."""
+    if manifest.get("command") != command:
+        return f"command {manifest.get('command')!r}; this run: {command!r}"
+    old = manifest.get("config")
+    if config is not None and isinstance(old, dict):
+        diff = differences({k: old.get(k) for k in config}, config)
+        if diff:
+            more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
+            return f"option {diff[0]}{more}"
+    return (f"fingerprint {_short(_fingerprint_of(manifest))}; this run: "
+            f"{_short(fingerprint)}")
 
 
 def _written_by_attngeom(manifest: dict) -> bool:

@@ -8,7 +8,7 @@ of several processes (a data-parallel run) meet in the same folder. The folder g
 once the run's tables and manifest are written.
 
 Each run has its own folder ``.attngeom/FINGERPRINT/`` (so a new run given
-``overwrite=True`` leaves the previous results in place until its own are written):
+``--overwrite`` leaves the previous results in place until its own are written):
 
 - ``run.json``: the command, its fingerprint and every option that decides the
   shards (``resume_key``); a resume with another value of one is refused, naming it.
@@ -23,6 +23,7 @@ they must not come from an untrusted source.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pickle
@@ -81,7 +82,8 @@ def check_resumable(run_dir, *, command: str, resume_key: dict) -> None:
         if state.get("command") != command:
             raise RunDirError(
                 f"{run_dir} holds an unfinished {state.get('command')!r} run; this is "
-                f"{command!r}: choose another directory or pass overwrite=True"
+                f"{command!r}: choose another directory or pass --overwrite (overwrite=True in "
+                "Python)"
             )
         diff = differences(state.get("resume_key") or {}, resume_key)
         if diff:
@@ -89,7 +91,7 @@ def check_resumable(run_dir, *, command: str, resume_key: dict) -> None:
             raise RunDirError(
                 f"cannot resume the unfinished run in {run_dir}: option {diff[0]}{more} "
                 "differs; rerun it with its own options, choose another directory, or "
-                "pass overwrite=True"
+                "pass --overwrite (overwrite=True in Python)"
             )
 
 
@@ -163,3 +165,89 @@ class ShardStore:
                 "it cannot be merged into this run"
             )
         return True, (pickle.loads(data) if payload else None)
+
+
+LOCK_FILE = "lock"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """``RUN/.attngeom/lock``: one run at a time writes into a directory.
+
+    Taken by the first process of a run before any work and given back when the run
+    ends; a second run into the same directory is refused with one line while the
+    first one lives. A lock left by a killed run (its process is gone, on this
+    machine) is taken over, so a killed run resumes with the same command.
+    """
+
+    def __init__(self, run_dir) -> None:
+        self.path = Path(run_dir) / STATE_DIR / LOCK_FILE
+        self._held = False
+
+    def check(self) -> None:
+        """Raise the one-line refusal if a live run holds the lock (take nothing)."""
+        import os
+        import socket
+
+        holder = self._holder() if self.path.is_file() else None
+        if holder and (holder.get("host") != socket.gethostname() or (
+                holder["pid"] != os.getpid() and _alive(holder["pid"]))):
+            raise self._busy(holder)
+
+    def _busy(self, holder: dict) -> RunDirError:
+        return RunDirError(
+            f"{self.path.parents[1]} is in use by another attngeom run (process "
+            f"{holder.get('pid')} on {holder.get('host')}); wait for it to finish or "
+            "choose another directory")
+
+    def acquire(self) -> RunLock:
+        import os
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                holder = self._holder()
+                if holder and (holder.get("host") != me["host"] or _alive(holder["pid"])):
+                    raise self._busy(holder) from None
+                self.path.unlink(missing_ok=True)  # a killed run's lock
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self._held = True
+            return self
+        raise RunDirError(f"cannot take the lock {self.path}; another run is starting there")
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            return holder if isinstance(holder.get("pid"), int) else None
+        except (OSError, ValueError, AttributeError):
+            return None  # half written, or gone: treated as stale
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+            with contextlib.suppress(OSError):  # the state folder, when nothing else is in it
+                self.path.parent.rmdir()
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
