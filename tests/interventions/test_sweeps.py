@@ -210,7 +210,8 @@ def test_restrict_bookkeeping_with_a_known_stand_in(llama, windows, monkeypatch)
     calls = []
 
     @contextlib.contextmanager
-    def fake(model, n, *, layers=None, heads=None, renormalize=True):
+    def fake(model, n, *, layers=None, heads=None, renormalize=True, ranking="attention",
+             seed=0, windows=None):
         calls.append((n, layers, heads, renormalize))
         removed = [(0, 0)] * (n < 4) + [(1, 1)] * (n < 2)
         with remove_heads(model, removed):
@@ -219,7 +220,7 @@ def test_restrict_bookkeeping_with_a_known_stand_in(llama, windows, monkeypatch)
     monkeypatch.setattr(restriction_module, "restrict_topn", fake)
     restrict, nstar = restrict_sweep(
         llama, eval_ids, [8, 1, 4, 2], scopes=("model", "layer", "head"), renormalize=True,
-        taus=(0.0, 1e6), layers=[1], heads=[(1, 0), (1, 3)],
+        taus=(0.0, 1e6), layers=[1], heads=[(1, 0), (1, 3)], search="grid", bootstrap=0,
     )  # fmt: skip
     assert list(restrict.columns) == list(RESTRICT_COLUMNS)
     assert list(nstar.columns) == list(NSTAR_COLUMNS)
@@ -239,29 +240,100 @@ def test_restrict_bookkeeping_with_a_known_stand_in(llama, windows, monkeypatch)
     model_rows = restrict[restrict["scope"] == "model"].set_index("n")
     assert model_rows.loc[2, "delta_nll_rel"] == pytest.approx((one - base) / base, abs=1e-12)
     assert model_rows.loc[4, "delta_nll_rel"] == 0.0 and model_rows.loc[8, "nll"] == base
+    assert model_rows.loc[1, "passes"] == "1e+06" and model_rows.loc[4, "passes"] == "0,1e+06"
     tight = nstar[nstar["tau"] == 0.0]
     loose = nstar[nstar["tau"] == 1e6]
     assert (tight["n_star"] == 4.0).all() and (loose["n_star"] == 1.0).all()
+    assert (nstar["grid_n_star"] == nstar["n_star"]).all()
     assert len(nstar) == 4 * 2
-    assert (nstar["n_star_status"] == "within_grid").all()
-    # a tau no N of the grid reaches: NaN with the status "above the largest N tried"
-    _, never = restrict_sweep(llama, eval_ids, [1, 2], scopes=("model",), taus=(0.0,),
-                              renormalize=True)
-    assert never["n_star"].isna().all() and (never["n_star_status"] == "above_grid").all()
+    assert (nstar["n_star_status"] == "within_grid").all() and (nstar["search"] == "grid").all()
+
+    # the adaptive search adds N = 3 (between the failing 2 and the passing 4) and nothing
+    # else: 3 fails tau = 0, so N*_0 = 4; N*_1e6 = 1 on the grid
+    calls.clear()
+    restrict, nstar = restrict_sweep(llama, eval_ids, [8, 1, 4, 2], renormalize=True,
+                                     taus=(0.0, 1e6), bootstrap=50)
+    assert sorted(restrict["n"]) == [1, 2, 3, 4, 8]
+    assert restrict.set_index("n").loc[3, "on_grid"] == False  # noqa: E712
+    assert nstar.set_index("tau")["n_star"].to_dict() == {0.0: 4.0, 1e6: 1.0}
+    assert (nstar["n_star_status"] == "search").all() and nstar["monotone"].all()
+    assert (nstar["n_star_low"] <= nstar["n_star"]).all()
+    assert (nstar["n_star"] <= nstar["n_star_high"]).all()
+    assert (nstar["n_evaluated"] == 5).all()
+    assert (nstar["window_length"] == eval_ids.shape[1]).all()
+    # a tau no N shorter than the window reaches: N* is the window length (the endpoint),
+    # never a grid N at or past the window
+    t = eval_ids.shape[1]
+    _, never = restrict_sweep(llama, eval_ids, [1, 2, 2 * t], scopes=("model",), taus=(0.0,),
+                              renormalize=True, search="grid", bootstrap=0)
+    assert never["n_star"].tolist() == [float(t)]
+    assert (never["n_star_status"] == "endpoint").all()
 
 
 def test_restrict_at_full_length_changes_nothing(llama, windows):
     _, eval_ids = windows
     t = eval_ids.shape[1]
     restrict, nstar = restrict_sweep(
-        llama, eval_ids, [1, t], scopes=("model", "layer", "head"), taus=(0.01,)
-    )
-    assert len(restrict) == (1 + 2 + 8) * 2 * 2
-    full = restrict[restrict["n"] == t]
-    assert full["delta_nll_rel"].abs().max() < 1e-6
+        llama, eval_ids, [1, t - 1, t], scopes=("model", "layer", "head"), taus=(0.01,),
+        search="grid", bootstrap=0)
+    # N >= T restricts nothing: it is not run and not recorded
+    assert len(restrict) == (1 + 2 + 8) * 2 * 2 and t not in set(restrict["n"])
+    last = restrict[restrict["n"] == t - 1]  # only the final query loses one key
+    assert last["delta_nll_rel"].abs().max() < 0.05
     one = restrict[(restrict["n"] == 1) & (restrict["scope"] == "model")]
     assert (one["delta_nll_rel"].abs() > 1e-3).all()
-    assert set(nstar["n_star"].dropna()) <= {1.0, float(t)}
+    assert set(nstar["n_star"].dropna()) <= {1.0, float(t - 1), float(t)}
+
+
+def test_rankings_and_flags_each_get_a_search(llama, windows):
+    _, eval_ids = windows
+    restrict, nstar = restrict_sweep(
+        llama, eval_ids, [1, 2, 4, 8], rankings=("attention", "contribution", "random"),
+        renormalize=(False, True), taus=(0.05,), bootstrap=20, seed=3)
+    keys = set(zip(nstar["ranking"], nstar["renormalize"], strict=True))
+    assert keys == {(r, f) for r in ("attention", "contribution", "random")
+                    for f in (False, True)}
+    # each search's N* is the smallest passing N it tried, every smaller one tried fails
+    for (ranking, flag), rows in restrict.groupby(["ranking", "renormalize"]):
+        row = nstar[(nstar["ranking"] == ranking) & (nstar["renormalize"] == flag)].iloc[0]
+        passing = rows.loc[rows["delta_nll_rel"] <= 0.05, "n"]
+        expected = float(passing.min()) if len(passing) else float(eval_ids.shape[1])
+        assert row["n_star"] == expected
+    # the attention ranking with deletion is the restriction as before: same numbers
+    alone, _ = restrict_sweep(llama, eval_ids, [1, 2, 4, 8], renormalize=(False,),
+                              taus=(0.05,), search="grid", bootstrap=0)
+    mine = restrict[(restrict["ranking"] == "attention") & ~restrict["renormalize"]
+                    & restrict["on_grid"]]
+    assert mine["nll"].tolist() == alone["nll"].tolist()
+
+
+def test_local_scan_scores_mean_of_document_increases(llama, windows):
+    from attngeom.interventions.sweeps import restrict_local
+
+    _, eval_ids = windows
+    table = restrict_local(llama, eval_ids, scope="head", n=(2,), top_layers=1)
+    layers = table[table["scope"] == "layer"]
+    heads = table[table["scope"] == "head"]
+    assert sorted(layers["layer"]) == [0, 1] and len(heads) == 4
+    top = int(layers.sort_values("rank").iloc[0]["layer"])
+    assert set(heads["layer"]) == {top}
+    assert sorted(heads["rank"]) == [1, 2, 3, 4]
+    # by hand: one layer restricted, each window's relative increase, then their mean
+    from attngeom.interventions.restriction import restrict_topn
+
+    def per_window():
+        with torch.no_grad():
+            return np.array([float(llama(input_ids=w[None], labels=w[None]).loss)
+                             for w in eval_ids])
+
+    base = per_window()
+    with restrict_topn(llama, 2, layers=[top], renormalize=False):
+        got = per_window()
+    row = layers[layers["layer"] == top].iloc[0]
+    assert row["mean_doc_delta_rel"] == pytest.approx(float(np.mean((got - base) / base)),
+                                                      rel=1e-5)
+    assert row["delta_nll_rel"] == pytest.approx((got.mean() - base.mean()) / base.mean(),
+                                                 rel=1e-5)
 
 
 # --------------------------------------------------------------------------- stories260K

@@ -27,7 +27,7 @@ Cost: per tau at most ceil(log2(gap)) bisection steps, gap the widest bracket (7
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,8 @@ from attngeom.errors import ConfigError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["NStarSearch", "bootstrap_nstar", "grid_powers", "nstar_from", "search_nstar"]
+__all__ = ["NStarSearch", "bootstrap_nstar", "grid_powers", "nstar_from", "search_nstar",
+           "search_rounds"]
 
 
 def grid_powers(length: int, grid_max: int = 256) -> list[int]:
@@ -118,7 +119,7 @@ def _check(taus: Sequence[float], length: int, grid_max: int, refine: int) -> li
 
 def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Sequence[float],
                  *, length: int, grid_max: int = 256, refine: int = 3,
-                 endpoint: bool = True) -> NStarSearch:
+                 endpoint: bool = True, grid: Sequence[int] | None = None) -> NStarSearch:
     """The paper's adaptive search for the integer N*_tau of every tau at once.
 
     ``evaluate(ns)`` returns the delta of each N of ``ns`` (distinct, each in
@@ -126,28 +127,50 @@ def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Seq
     is the window length: N >= length restricts nothing, so ``length`` passes by
     definition (delta 0, never evaluated) unless ``endpoint`` is False, in which case
     nothing above the grid is tried and a tau no grid N passes gets ``None`` (the
-    answer-loss protocol's "> 256"). Pass means delta <= tau.
+    answer-loss protocol's "> 256"). Pass means delta <= tau. ``grid``: the first
+    round's Ns instead of the powers of two up to ``grid_max`` (those >= length are
+    dropped).
 
     >>> curve = lambda ns: [1.0 / n for n in ns]          # monotone: N* = ceil(1 / tau)
     >>> search_nstar(curve, [0.05, 0.3], length=64).nstar
     {0.05: 20, 0.3: 4}
     """
+    steps = search_rounds(taus, length=length, grid_max=grid_max, refine=refine,
+                          endpoint=endpoint, grid=grid)
+    ns = next(steps)
+    while True:
+        values = list(evaluate(ns))
+        try:
+            ns = steps.send(values)
+        except StopIteration as done:
+            return done.value
+
+
+def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, refine: int = 3,
+                  endpoint: bool = True, grid: Sequence[int] | None = None,
+                  adaptive: bool = True,
+                  ) -> Generator[list[int], Sequence[float], NStarSearch]:
+    """``search_nstar`` as a generator, for callers that run many searches in lockstep
+    (one pass over the data per round for all of them): it yields each round's Ns, is
+    sent their deltas in the same order, and returns the ``NStarSearch``
+    (``StopIteration.value``). The grid round may be empty (a window of one token).
+    ``adaptive=False`` stops after the grid: N*_tau is then the grid estimate."""
     taus = _check(taus, length, grid_max, refine)
     length = int(length)
     known: dict[int, float] = {}
 
-    def run(ns: list[int]) -> None:
-        ns = [n for n in dict.fromkeys(ns) if n not in known]
-        if not ns:
-            return
-        values = list(evaluate(ns))
+    def record(ns: list[int], values: Sequence[float]) -> None:
+        values = list(values)
         if len(values) != len(ns):
             raise ConfigError(f"evaluate: expected {len(ns)} deltas, got {len(values)}")
         for n, d in zip(ns, values, strict=True):
             known[n] = float(d)
 
-    grid = grid_powers(length, grid_max)
-    run(grid)
+    if grid is None:
+        grid = grid_powers(length, grid_max)
+    else:
+        grid = sorted({int(n) for n in grid if 1 <= int(n) < length})
+    record(grid, (yield list(grid)))
     top = length if endpoint else None
     grid_nstar: dict[float, int | None] = {}
     for tau in taus:
@@ -156,7 +179,7 @@ def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Seq
     # per tau: None (bisecting), or the refinement's base h (then the candidates
     # max(1, h - refine) .. h - 1 are tried upward); result once decided
     base: dict[float, int | None] = dict.fromkeys(taus)
-    result: dict[float, int | None] = {}
+    result: dict[float, int | None] = {} if adaptive else dict(grid_nstar)
     rounds = 1
     while len(result) < len(taus):
         asked: list[int] = []
@@ -182,17 +205,18 @@ def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Seq
                     break
             else:
                 result[tau] = h
+        asked = [n for n in dict.fromkeys(asked) if n not in known]
         if asked:
-            run(asked)
+            record(asked, (yield asked))
             rounds += 1
     # a later round (another tau's bisection) may have tried a smaller N that passes
     # this tau where the loss is not monotone: N*_tau is a minimum, so it counts
     nstar = {t: result[t] if result[t] is None else min(result[t], nstar_from(known, t, top))
              for t in taus}
     notes = _monotone_notes(known, taus)
-    return NStarSearch(evaluations=dict(known), nstar=nstar,
-                       grid_nstar=grid_nstar, monotone=not notes, notes=tuple(notes),
-                       grid=tuple(grid), length=length, rounds=rounds)
+    return NStarSearch(evaluations=dict(known), nstar=nstar, grid_nstar=grid_nstar,
+                       monotone=not notes, notes=tuple(notes), grid=tuple(grid),
+                       length=length, rounds=rounds)
 
 
 def _monotone_notes(known: Mapping[int, float], taus: Sequence[float]) -> list[str]:

@@ -10,9 +10,13 @@ functions here do the same in a loop for notebooks. The tables carry the columns
 - ``pruning`` (``ranker, seed, order, keep_fraction, heads_kept, nll, perplexity,
   delta_nll_rel``) and ``rankings`` (``ranker, seed, order, rank, layer, head, score``);
 - ``head_scan`` (``layer, head, nll, delta_nll_rel, critical, threshold``);
-- ``restrict`` (``scope, layer, head, n, renormalize, nll, perplexity, delta_nll_rel``)
-  and ``restrict_nstar`` (``scope, layer, head, renormalize, tau, n_star,
-  n_star_status``).
+- ``restrict`` (``scope, layer, head, n, renormalize, nll, perplexity, delta_nll_rel,
+  ranking, on_grid, passes``: every N tried) and ``restrict_nstar`` (``scope, layer,
+  head, renormalize, tau, n_star, n_star_status, ranking, grid_n_star, n_star_low,
+  n_star_high, n_evaluated, search, monotone, note, window_length``), from the adaptive
+  search of ``interventions.nstar``;
+- ``restrict_local`` (``scope, layer, head, ranking, renormalize, n, nll,
+  delta_nll_rel, mean_doc_delta_rel, rank, n_windows``): the localised scan.
 
 ``delta_nll_rel`` is always ``(nll - base) / base`` against the unmodified model on
 the same evaluation windows. Argument values are checked by the configurations
@@ -22,8 +26,8 @@ the same evaluation windows. Argument values are checked by the configurations
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +36,7 @@ from torch import Tensor, nn
 from attngeom.capture import model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import remove_heads
+from attngeom.interventions.nstar import NStarSearch, bootstrap_nstar, search_rounds
 from attngeom.interventions.perplexity import (
     NLLResult,
     batch_nll_sum,
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "LOCAL_COLUMNS",
     "NSTAR_COLUMNS",
     "PRUNING_COLUMNS",
     "RANKINGS_COLUMNS",
@@ -53,7 +59,12 @@ __all__ = [
     "RemovedHeads",
     "Restriction",
     "heads_to_keep",
+    "local_scan",
+    "mean_doc_delta",
     "n_star",
+    "nll_rows",
+    "restrict_local",
+    "restrict_search",
     "nll_sums",
     "prune_settings",
     "prune_sweep",
@@ -61,7 +72,8 @@ __all__ = [
     "restrict_settings",
     "restrict_sweep",
     "removed_heads",
-    "restrict_tables",
+    "search_tables",
+    "window_measure",
     "scan_heads",
     "scan_table",
 ]
@@ -73,9 +85,20 @@ RANKINGS_COLUMNS = ("ranker", "seed", "order", "rank", "layer", "head", "score")
 SCAN_COLUMNS = ("layer", "head", "nll", "delta_nll_rel", "critical", "threshold")
 RESTRICT_COLUMNS = (
     "scope", "layer", "head", "n", "renormalize", "nll", "perplexity", "delta_nll_rel",
+    "ranking", "on_grid", "passes",
 )  # fmt: skip
-NSTAR_COLUMNS = ("scope", "layer", "head", "renormalize", "tau", "n_star", "n_star_status")
-WITHIN_GRID, ABOVE_GRID = "within_grid", "above_grid"
+NSTAR_COLUMNS = (
+    "scope", "layer", "head", "renormalize", "tau", "n_star", "n_star_status", "ranking",
+    "grid_n_star", "n_star_low", "n_star_high", "n_evaluated", "search", "monotone", "note",
+    "window_length",
+)  # fmt: skip
+LOCAL_COLUMNS = (
+    "scope", "layer", "head", "ranking", "renormalize", "n", "nll", "delta_nll_rel",
+    "mean_doc_delta_rel", "rank", "n_windows",
+)  # fmt: skip
+# n_star_status: found by the search (adaptive), the smallest grid N passing (grid), or
+# nothing shorter than the window passes: N* is the window length (endpoint)
+SEARCHED, WITHIN_GRID, ENDPOINT = "search", "within_grid", "endpoint"
 
 
 def heads_to_keep(keep_fraction: float, total_heads: int) -> int:
@@ -109,8 +132,18 @@ class Restriction:
     head: int
     n: int
     renormalize: bool
+    ranking: str = "attention"
+    seed: int = 0
 
-    def context(self, model: nn.Module):
+    @property
+    def variant(self) -> tuple:
+        """Everything but N: the settings one N* search runs over."""
+        return (self.scope, self.layer, self.head, self.ranking, self.renormalize)
+
+    def at(self, n: int) -> Restriction:
+        return replace(self, n=int(n))
+
+    def context(self, model: nn.Module, windows=None):
         from attngeom.interventions.restriction import restrict_topn
 
         kwargs: dict = {}
@@ -118,7 +151,8 @@ class Restriction:
             kwargs["heads"] = [(self.layer, self.head)]
         elif self.layer >= 0:
             kwargs["layers"] = [self.layer]
-        return restrict_topn(model, self.n, renormalize=self.renormalize, **kwargs)
+        return restrict_topn(model, self.n, renormalize=self.renormalize,
+                             ranking=self.ranking, seed=self.seed, windows=windows, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -127,7 +161,7 @@ class RemovedHeads:
 
     heads: frozenset
 
-    def context(self, model: nn.Module):
+    def context(self, model: nn.Module, windows=None):
         return remove_heads(model, sorted(self.heads))
 
 
@@ -137,8 +171,10 @@ def removed_heads(heads) -> RemovedHeads:
 
 def restrict_settings(model: nn.Module, n_grid: Sequence[int], *, scopes=("model",),
                       renormalize=(True, False), layers: Iterable[int] | None = None,
-                      heads: Iterable | None = None) -> list[Restriction]:
-    """Every restriction of the sweep, in table order: scope target, then flag, then N.
+                      heads: Iterable | None = None, rankings=("attention",),
+                      seed: int = 0) -> list[Restriction]:
+    """Every restriction of the sweep, in table order: scope target, then ranking, then
+    flag, then N.
 
     Scopes: ``model`` restricts every head of every layer at once (layer = head = -1);
     ``layer`` all heads of one layer (head = -1), for each of ``layers``; ``head`` one
@@ -169,9 +205,11 @@ def restrict_settings(model: nn.Module, n_grid: Sequence[int], *, scopes=("model
         else:
             targets.extend(("head", l, h) for l, h in head_list)
     flags = [renormalize] if isinstance(renormalize, bool) else list(renormalize)
+    ranks = [rankings] if isinstance(rankings, str) else list(rankings)
     ns = sorted({int(n) for n in n_grid})
-    return [Restriction(scope, layer, head, n, flag)
-            for scope, layer, head in targets for flag in dict.fromkeys(flags) for n in ns]
+    return [Restriction(scope, layer, head, n, flag, ranking, int(seed))
+            for scope, layer, head in targets for ranking in dict.fromkeys(ranks)
+            for flag in dict.fromkeys(flags) for n in ns]
 
 
 def prune_settings(model: nn.Module, rankings: Sequence[HeadRanking],
@@ -197,11 +235,13 @@ def prune_settings(model: nn.Module, rankings: Sequence[HeadRanking],
 # --------------------------------------------------------------------------- the kernel
 
 
-def nll_sums(model: nn.Module, batch: Tensor, settings: Sequence) -> tuple[float, np.ndarray]:
+def nll_sums(model: nn.Module, batch: Tensor, settings: Sequence,
+             windows: Sequence[int] | None = None) -> tuple[float, np.ndarray]:
     """Summed NLL of ``batch`` (B, T) with the model as it is, and under each setting.
 
-    A setting is anything with ``context(model)`` (a restriction, a set of removed
-    heads); an empty removal is measured once, as the base.
+    A setting is anything with ``context(model, windows)`` (a restriction, a set of
+    removed heads); an empty removal is measured once, as the base. ``windows``: the
+    batch rows' window indices (the random ranking's order depends on them).
     """
     base = batch_nll_sum(model, batch)
     out = np.empty(len(settings), dtype=np.float64)
@@ -209,9 +249,36 @@ def nll_sums(model: nn.Module, batch: Tensor, settings: Sequence) -> tuple[float
         if isinstance(setting, RemovedHeads) and not setting.heads:
             out[i] = base
             continue
-        with setting.context(model):
+        with setting.context(model, windows):
             out[i] = batch_nll_sum(model, batch)
     return base, out
+
+
+def nll_rows(model: nn.Module, batch: Tensor, settings: Sequence,
+             windows: Sequence[int] | None = None, *, base: bool = True):
+    """``nll_sums`` with each window's own sum beside: ``(base_sum, base_rows, sums,
+    rows)``, the rows (B,) and (len(settings), B) float64; the base pair is ``(nan,
+    None)`` with ``base=False`` (a later search round reuses the first's base).
+
+    The sums are computed exactly as ``nll_sums`` computes them (the same tensor summed
+    on its device), so pooled tables are bit for bit those of ``nll_sums``.
+    """
+    import torch
+
+    from attngeom.interventions.perplexity import window_nll
+
+    def measure() -> tuple[float, np.ndarray]:
+        with torch.no_grad():
+            per = window_nll(model, batch)
+            return float(per.sum()), per.cpu().numpy()
+
+    base_sum, base_rows = measure() if base else (math.nan, None)
+    sums = np.empty(len(settings), dtype=np.float64)
+    rows = np.empty((len(settings), batch.shape[0]), dtype=np.float64)
+    for i, setting in enumerate(settings):
+        with setting.context(model, windows):
+            sums[i], rows[i] = measure()
+    return base_sum, base_rows, sums, rows
 
 
 # --------------------------------------------------------------------------- tables
@@ -251,25 +318,149 @@ def scan_table(base: NLLResult, nll: Tensor, threshold: float):
     )
 
 
-def restrict_tables(settings: Sequence[Restriction], base: NLLResult, nll: Sequence[float],
-                    taus: Sequence[float]):
-    """``(restrict, restrict_nstar)`` from the per-setting mean NLL."""
+# --------------------------------------------------------------------------- N* search
+
+# ``measure(round, settings)`` -> ``(base_nll, base_docs, nll, docs)``: the mean NLL per
+# predicted token of the unmodified model and its (D,) per-window values (needed from
+# round 0 only), then (S,) and (S, D) for the settings; see ``pipeline.interventions``.
+Measure = Callable[[int, list], tuple[float, "np.ndarray | None", np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """One N* search: its setting (any N), what the search found, and per N tried the
+    mean NLL and each window's."""
+
+    setting: Restriction
+    search: NStarSearch
+    nll: dict
+    docs: dict
+
+
+def restrict_search(templates: Sequence[Restriction], measure: Measure, *, length: int,
+                    taus: Sequence[float], grid: Sequence[int], adaptive: bool = True,
+                    refine: int = 3) -> tuple[float, np.ndarray, list[SearchResult]]:
+    """Run the N* search of every template (a restriction; its N is ignored) in lockstep.
+
+    Each round gathers every search's next Ns into one list of settings and measures
+    them in one pass over the windows (``measure``); round 0 is the grid (every ``grid``
+    N below ``length``) with the base. Delta is the relative delta-NLL of pooled means,
+    as in the tables. Returns ``(base_nll, base_docs, results)``.
+    """
+    steps = {i: search_rounds(taus, length=length, grid=grid, adaptive=adaptive,
+                              refine=refine) for i in range(len(templates))}
+    asked = {i: next(g) for i, g in steps.items()}
+    nll: dict[int, dict] = {i: {} for i in steps}
+    docs: dict[int, dict] = {i: {} for i in steps}
+    done: dict[int, NStarSearch] = {}
+    base, base_docs, rnd = math.nan, None, 0
+    while asked:
+        owners = [(i, n) for i, ns in asked.items() for n in ns]
+        settings = [templates[i].at(n) for i, n in owners]
+        b, b_docs, got, got_docs = measure(rnd, settings)
+        if rnd == 0:
+            base, base_docs = float(b), np.asarray(b_docs, dtype=np.float64)
+        for k, (i, n) in enumerate(owners):
+            nll[i][n], docs[i][n] = float(got[k]), np.asarray(got_docs[k], dtype=np.float64)
+        following = {}
+        for i, ns in asked.items():
+            try:
+                following[i] = steps[i].send([relative_delta(nll[i][n], base) for n in ns])
+            except StopIteration as finished:
+                done[i] = finished.value
+        asked, rnd = following, rnd + 1
+    return base, base_docs, [SearchResult(templates[i], done[i], nll[i], docs[i])
+                             for i in range(len(templates))]
+
+
+def _passes(delta: float, taus: Sequence[float]) -> str:
+    return ",".join(f"{t:g}" for t in taus if delta <= t)
+
+
+def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.ndarray,
+                  taus: Sequence[float], *, length: int, adaptive: bool = True,
+                  bootstrap: int = 1000, seed: int = 0, level: float = 0.95):
+    """``(restrict, restrict_nstar)`` from the searches: every N tried with its
+    delta-NLL and the taus it passes; per search and tau the integer N*, the grid
+    estimate, the document-bootstrap interval (``bootstrap`` replicates, none at 0)
+    and the non-monotone notes."""
     import pandas as pd
 
-    rows = [(s.scope, s.layer, s.head, s.n, s.renormalize, float(x), math.exp(x),
-             relative_delta(float(x), base.nll)) for s, x in zip(settings, nll, strict=True)]
+    rows, nstar_rows = [], []
+    for r in results:
+        s, found = r.setting, r.search
+        for n in sorted(r.nll):
+            x = r.nll[n]
+            delta = relative_delta(x, base)
+            rows.append((s.scope, s.layer, s.head, n, s.renormalize, x, math.exp(x), delta,
+                         s.ranking, n in found.grid, _passes(delta, taus)))
+        ci = (bootstrap_nstar(base_docs, r.docs, taus, length=length, replicates=bootstrap,
+                              seed=seed, level=level) if bootstrap > 0 else {})
+        for tau in taus:
+            value = found.nstar[float(tau)]
+            grid_value = found.grid_nstar[float(tau)]
+            status = (ENDPOINT if value == length and length not in found.evaluations
+                      else SEARCHED if adaptive else WITHIN_GRID)
+            note = "; ".join(x for x in found.notes if x.startswith(f"tau={tau:g}:"))
+            low, high = ci.get(float(tau), (math.nan, math.nan))
+            nstar_rows.append((s.scope, s.layer, s.head, s.renormalize, float(tau),
+                               math.nan if value is None else float(value), status, s.ranking,
+                               math.nan if grid_value is None else float(grid_value), low, high,
+                               len(found.evaluations), "adaptive" if adaptive else "grid",
+                               found.monotone, note, int(length)))
     restrict = pd.DataFrame(rows, columns=list(RESTRICT_COLUMNS))
     restrict = restrict.astype({"layer": "int64", "head": "int64", "n": "int64"})
-    nstar_rows = []
-    keys = ["scope", "layer", "head", "renormalize"]
-    for key, group in restrict.groupby(keys, sort=False):
-        for tau in taus:
-            value = n_star(group["n"].tolist(), group["delta_nll_rel"].tolist(), tau)
-            status = ABOVE_GRID if math.isnan(value) else WITHIN_GRID
-            nstar_rows.append((*key, float(tau), value, status))
     nstar = pd.DataFrame(nstar_rows, columns=list(NSTAR_COLUMNS))
-    nstar = nstar.astype({"layer": "int64", "head": "int64"})
+    nstar = nstar.astype({"layer": "int64", "head": "int64", "n_evaluated": "int64",
+                          "window_length": "int64"})
     return restrict, nstar
+
+
+# --------------------------------------------------------------------------- localised scan
+
+
+def mean_doc_delta(docs: np.ndarray, base_docs: np.ndarray) -> float:
+    """The follow-up's localised score: the mean over windows (documents) of each one's
+    relative NLL increase, not the relative increase of the pooled means."""
+    docs = np.asarray(docs, dtype=np.float64)
+    return float(np.mean((docs - base_docs) / base_docs))
+
+
+def local_scan(templates: Sequence[Restriction], measure: Measure, *, layers: Sequence[int],
+               num_heads: int, heads: bool, top_layers: int = 2):
+    """The localised scan: each template (ranking, renormalisation, N) restricted in one
+    layer alone for every layer of ``layers``; with ``heads``, then in one head alone
+    for every head of the ``top_layers`` layers of largest score (ties to the smaller
+    layer), per template. Returns ``restrict_local`` (``LOCAL_COLUMNS``)."""
+    import pandas as pd
+
+    settings = [replace(t, scope="layer", layer=int(l), head=-1) for t in templates
+                for l in layers]
+    base, base_docs, nll, docs = measure(0, settings)
+    base_docs = np.asarray(base_docs, dtype=np.float64)
+    scored = [(s, float(nll[k]), np.asarray(docs[k])) for k, s in enumerate(settings)]
+    if heads:
+        chosen = []
+        for t in templates:
+            mine = [(mean_doc_delta(d, base_docs), s.layer) for s, _, d in scored
+                    if replace(s, scope=t.scope, layer=t.layer, head=t.head) == t]
+            top = [layer for _, layer in sorted(mine, key=lambda x: (-x[0], x[1]))[:top_layers]]
+            chosen += [replace(t, scope="head", layer=l, head=h) for l in top
+                       for h in range(num_heads)]
+        _, _, nll2, docs2 = measure(1, chosen)
+        scored += [(s, float(nll2[k]), np.asarray(docs2[k])) for k, s in enumerate(chosen)]
+    rows = [(s.scope, s.layer, s.head, s.ranking, s.renormalize, s.n, x,
+             relative_delta(x, base), mean_doc_delta(d, base_docs), 0, len(base_docs))
+            for s, x, d in scored]
+    table = pd.DataFrame(rows, columns=list(LOCAL_COLUMNS))
+    table = table.astype({"layer": "int64", "head": "int64", "n": "int64", "rank": "int64",
+                          "n_windows": "int64"})
+    # rank 1 = the largest increase within its scope, ranking, renormalisation and N
+    keys = ["scope", "ranking", "renormalize", "n"]
+    order = table.sort_values(keys + ["mean_doc_delta_rel", "layer", "head"],
+                              ascending=[True] * 4 + [False, True, True], kind="stable")
+    table.loc[order.index, "rank"] = order.groupby(keys, sort=False).cumcount().to_numpy() + 1
+    return table
 
 
 # --------------------------------------------------------------------------- one call each
@@ -323,15 +514,68 @@ def scan_heads(model: nn.Module, eval_ids: Tensor, *, threshold: float = 0.05,
     return scan_table(base, nll, threshold)
 
 
+def window_measure(model: nn.Module, eval_ids: Tensor, batch_size: int = 8) -> Measure:
+    """The ``Measure`` of ``restrict_search`` and ``local_scan`` over ``eval_ids`` (N, T):
+    window i is window index i of the random ranking."""
+    eval_ids = check_windows(model, eval_ids, what="eval_ids")
+    per_window = eval_ids.shape[1] - 1
+    n_tokens = eval_ids.shape[0] * per_window
+
+    def measure(rnd: int, settings):
+        base_total, totals = 0.0, np.zeros(len(settings))
+        base_rows, rows = [], []
+        was_training = model.training
+        model.eval()
+        try:
+            for start in range(0, eval_ids.shape[0], batch_size):
+                batch = eval_ids[start : start + batch_size]
+                ids = list(range(start, start + batch.shape[0]))
+                b, b_rows, sums, r = nll_rows(model, batch, settings, ids, base=rnd == 0)
+                base_total += b
+                totals = totals + sums
+                base_rows.append(b_rows)
+                rows.append(r)
+        finally:
+            model.train(was_training)
+        docs = np.concatenate(rows, axis=1) / per_window
+        base_docs = np.concatenate(base_rows) / per_window if rnd == 0 else None
+        return base_total / n_tokens, base_docs, totals / n_tokens, docs
+
+    return measure
+
+
 def restrict_sweep(model: nn.Module, eval_ids: Tensor, n_grid: Iterable[int], *,
                    scopes=("model",), renormalize=(True, False), taus=(0.01, 0.05, 0.10),
-                   layers=None, heads=None,
+                   layers=None, heads=None, rankings=("attention",), seed: int = 0,
+                   search: str = "adaptive", bootstrap: int = 1000,
                    batch_size: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Top-N restriction over a grid of N, per scope, and the effective set size N* (method §9).
+    """Top-N restriction and the integer N*_tau per scope target, ranking and
+    renormalisation (method §9; the follow-up's adaptive search, ``search="grid"`` for
+    the grid alone). ``n_grid`` is the first round's Ns (those below the window length).
 
     See ``restrict_settings`` for the scopes; returns ``(restrict, restrict_nstar)``.
     """
-    settings = restrict_settings(model, list(n_grid), scopes=scopes, renormalize=renormalize,
-                                 layers=layers, heads=heads)
-    base, nll = _measure(model, eval_ids, settings, batch_size)
-    return restrict_tables(settings, base, nll, taus)
+    if search not in ("adaptive", "grid"):
+        raise ConfigError(f"search: expected adaptive or grid, got {search!r}")
+    grid = sorted({int(n) for n in n_grid})
+    templates = restrict_settings(model, grid[:1] or [1], scopes=scopes,
+                                  renormalize=renormalize, layers=layers, heads=heads,
+                                  rankings=rankings, seed=seed)
+    length = int(eval_ids.shape[1])
+    base, base_docs, results = restrict_search(
+        templates, window_measure(model, eval_ids, batch_size), length=length, taus=taus,
+        grid=grid, adaptive=search == "adaptive")
+    return search_tables(results, base, base_docs, taus, length=length,
+                         adaptive=search == "adaptive", bootstrap=bootstrap, seed=seed)
+
+
+def restrict_local(model: nn.Module, eval_ids: Tensor, *, scope: str = "head", n=(16,),
+                   rankings=("attention",), renormalize=(False,), layers=None,
+                   top_layers: int = 2, seed: int = 0, batch_size: int = 8) -> pd.DataFrame:
+    """The localised scan (the follow-up's App. E.3) in one call: ``restrict_local``."""
+    layout = model_layout(model)
+    layers = list(range(layout.num_layers)) if layers is None else list(layers)
+    templates = [Restriction("layer", 0, -1, int(k), bool(f), r, int(seed))
+                 for r in rankings for f in renormalize for k in n]
+    return local_scan(templates, window_measure(model, eval_ids, batch_size), layers=layers,
+                      num_heads=layout.num_heads, heads=scope == "head", top_layers=top_layers)
