@@ -1,59 +1,152 @@
-"""Published reference values: well-formed, traceable, filterable."""
+"""Published reference values: well-formed, complete per table, traceable, filterable."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 
 from attngeom.errors import ConfigError
 from attngeom.studies import references as refs
 from attngeom.studies.presets import PRESETS
-from attngeom.studies.references import QUANTITIES, REFERENCES, UNAVAILABLE, Reference
+from attngeom.studies.references import (
+    ANY_MODEL,
+    BOTH,
+    FOLLOW_UP,
+    GEOMETRY_PAPER,
+    OWT,
+    QUANTITIES,
+    REFERENCES,
+    WT,
+    Reference,
+)
+
+NINE = {"qwen-2.5-1.5b", "qwen-2.5-7b", "gemma-7b", "gemma-2-9b", "llama-2-7b",
+        "llama-3-8b", "llama-3.2-1b", "mistral-7b-v0.3", "mistral-small-24b"}
 
 
 def _ref(**kw) -> Reference:
     # a made-up entry for exercising the code; never a published value
     base = dict(source="test", where="Table 0", model="gpt2", corpus="wikitext-103",
                 quantity="f_score", value=0.5, params=(("n", 8), ("rule", "attention")),
-                quote="a test fixture, not a published number")
+                note="a test fixture, not a published number")
     base.update(kw)
     return Reference(**base)
 
 
+def _find(**setting) -> list[Reference]:
+    where = setting.pop("where", None)
+    model = setting.pop("model", None)
+    corpus = setting.pop("corpus", None)
+    quantity = setting.pop("quantity", None)
+    out = []
+    for r in refs.references(model=model, corpus=corpus, quantity=quantity):
+        if where is not None and r.where != where:
+            continue
+        if all(r.setting.get(k) == v for k, v in setting.items()):
+            out.append(r)
+    return out
+
+
 def test_every_reference_is_well_formed():
-    # a loop, not parametrize: the table may be empty (see UNAVAILABLE) without a skip
+    assert len(REFERENCES) > 500
     for ref in REFERENCES:
-        assert ref.model in PRESETS, ref
+        assert ref.model in PRESETS or ref.model == ANY_MODEL, ref
         assert ref.quantity in QUANTITIES, ref
-        assert ref.source.strip() and ref.where.strip() and ref.quote.strip(), ref
-        assert len(ref.quote.split()) <= refs.MAX_QUOTE_WORDS, ref
-        assert math.isfinite(ref.value), ref
+        assert ref.source in (FOLLOW_UP, GEOMETRY_PAPER), ref
+        assert ref.where.strip() and ref.corpus.strip(), ref
+        assert ref.value is not None or ref.is_range or ref.quantity == "statement", ref
+        for x in (ref.value, ref.low, ref.high):
+            assert x is None or math.isfinite(x), ref
         assert all(k in refs.PARAM_KEYS for k, _ in ref.params), ref
 
 
-def test_a_paper_without_values_says_why():
-    quoted = {r.source for r in REFERENCES}
-    for source in (refs.GEOMETRY_PAPER, refs.FOLLOW_UP):
-        assert source in quoted or UNAVAILABLE.get(source, "").strip(), source
-    assert not quoted & set(UNAVAILABLE), "a source is both quoted and marked unavailable"
+def test_the_follow_ups_nine_checkpoints_are_its_models():
+    assert set(refs.paper_models(FOLLOW_UP)) == NINE
 
 
-def test_the_vocabulary_covers_what_combine_measures():
-    # combine._measured looks these up; a rename here would silently show NaN there
-    assert {"f_score", "precision", "recall", "n_star", "spearman_f_dnll"} <= set(QUANTITIES)
+def test_each_table_is_complete():
+    count = Counter(r.where for r in REFERENCES)
+    # Table 2: 9 models x 2 rankings x 2 corpora x 3 tau, less Gemma-2-9B's four 1% cells
+    assert count["Table 2 (App. C.3)"] == 9 * 2 * 2 * 3 - 4
+    assert count["Table 1 (App. C.2)"] == 4 * 2 * 3  # 4 models x 2 distances x 3 ranges
+    # Tables 3-5: 3 models x 2 corpora x 2 rankings x 4 lengths x 3 tau, per scoring
+    assert count["Table 4 (App. C.4)"] + count["Tables 3 and 4 (Sec. 3.2, App. C.4)"] == 144
+    assert count["Tables 3 and 4 (Sec. 3.2, App. C.4)"] == 24  # Table 3: attention, 5%
+    assert count["Table 5 (App. C.4)"] == 144
+    assert count["Table 9 (App. E.1)"] == 12  # the renormalised columns (deletion = Table 2)
+    assert count["Table 10 (App. E.1)"] == 24
+    assert count["Table 6 (Sec. 3.3)"] == 16 and count["Table 7 (App. D)"] == 16
+    assert count["Table 8 (App. D)"] == 12
+    assert count["App. E.3"] == 4 and count["App. C.5"] == 6
 
 
-@pytest.mark.parametrize("bad", [
-    {"model": "llama-2"}, {"quantity": "accuracy"}, {"value": math.nan}, {"value": True},
-    {"where": " "}, {"quote": ""}, {"source": ""}, {"quote": "word " * 21},
-    {"params": (("n", 8), ("n", 4))}, {"params": (("window", 8),)},
-    {"params": (("rule", "attn"),)},
+@pytest.mark.parametrize("setting, value", [
+    (dict(where="Table 2 (App. C.3)", model="gemma-7b", corpus=OWT, ranking="attention",
+          tau=0.01), 283),
+    (dict(where="Table 2 (App. C.3)", model="qwen-2.5-7b", corpus=OWT, ranking="attention",
+          tau=0.05), 33),
+    (dict(where="Table 2 (App. C.3)", model="llama-2-7b", corpus=WT, ranking="contribution",
+          tau=0.05), 65),
+    (dict(where="Table 2 (App. C.3)", model="mistral-small-24b", corpus=WT,
+          ranking="attention", tau=0.01), 119),
+    (dict(where="Table 1 (App. C.2)", model="gemma-7b", corpus=BOTH, distance="cosine",
+          n_min=8), -0.943),
+    (dict(where="Table 1 (App. C.2)", model="qwen-2.5-7b", corpus=BOTH, distance="euclidean",
+          n_min=1), 0.817),
+    (dict(where="Table 9 (App. E.1)", model="gemma-7b", ranking="attention", tau=0.05,
+          renormalize=True), 7),
+    (dict(where="Table 9 (App. E.1)", model="mistral-7b-v0.3", ranking="contribution",
+          tau=0.10, renormalize=True), 11),
+    (dict(where="App. E.3", model="gemma-7b", scope="layer", layer=0, n=128), 0.709),
+    (dict(where="App. E.3", model="gemma-7b", scope="head", layer=0, head=12), 0.621),
+    (dict(where="Table 5 (App. C.4)", model="llama-3-8b", corpus=WT, ranking="attention",
+          window_length=2048, tau=0.01), 140),
+    (dict(where="Tables 3 and 4 (Sec. 3.2, App. C.4)", model="gemma-7b", corpus=OWT,
+          window_length=2048, ranking="attention", tau=0.05), 504),
+    (dict(where="Table 7 (App. D)", model="mistral-7b-v0.3", background="4K"), 1.311),
+    (dict(where="Table 10 (App. E.1)", model="mistral-7b-v0.3", ranking="contribution",
+          tau_nats=0.20, background="0K"), 16),
 ])
-def test_malformed_references_fail_on_construction(bad):
-    with pytest.raises(ConfigError):
+def test_spot_values_against_the_extract(setting, value):
+    found = _find(**setting)
+    assert len(found) == 1, found
+    assert found[0].value == pytest.approx(value)
+
+
+def test_bounds_ranges_and_statements():
+    gemma = _find(where="Table 6 (Sec. 3.3)", model="gemma-7b", background="2K")[0]
+    assert (gemma.relation, gemma.value, gemma.shown()) == (">", 256, "> 256")
+    share = _find(model=ANY_MODEL, quantity="regime_share", regime="Retriever")[0]
+    assert (share.low, share.high, share.value) == (0.058, 0.172, None)
+    assert share.source == GEOMETRY_PAPER and share.shown() == "0.058-0.172"
+    # the geometry paper is quoted as ranges and statements only, never a point value
+    for r in REFERENCES:
+        if r.source == GEOMETRY_PAPER:
+            assert r.value is None or r.relation == "~", r
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"model": "llama-2"}, "unknown model 'llama-2'"),
+    ({"model": "Mistral-Small-24B"}, "unknown model"),
+    ({"quantity": "accuracy"}, "unknown quantity"),
+    ({"value": math.nan}, "finite"), ({"value": True}, "finite"),
+    ({"value": None}, "a value or a low..high range"),
+    ({"value": None, "low": 1.0}, "both low and high"),
+    ({"value": None, "low": 2.0, "high": 1.0}, "low 2.0 > high 1.0"),
+    ({"quantity": "statement"}, "statement"),
+    ({"where": " "}, "empty where"), ({"source": ""}, "empty source"),
+    ({"note": "word " * 41}, "note longer"),
+    ({"params": (("n", 8), ("n", 4))}, "repeated"), ({"params": (("window", 8),)}, "window"),
+    ({"params": (("ranking", "attn"),)}, "ranking='attn'"),
+    ({"relation": "~="}, "relation"),
+])
+def test_malformed_references_fail_on_construction_in_one_line(bad, match):
+    with pytest.raises(ConfigError, match=match) as e:
         _ref(**bad)
+    assert "\n" not in str(e.value)
 
 
 @pytest.fixture
@@ -82,7 +175,7 @@ def test_frame_has_one_row_per_reference(fixtures):
     assert json.loads(df["params"].iloc[0]) == {"n": 8, "rule": "attention"}
 
 
-def test_frame_of_the_real_table():
+def test_the_real_frame_is_flat():
     df = refs.references_frame()
     assert len(df) == len(REFERENCES)
-    assert list(df.columns) == list(refs.FRAME_COLUMNS)
+    assert df["value"].notna().sum() == sum(r.value is not None for r in REFERENCES)

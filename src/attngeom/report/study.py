@@ -147,16 +147,49 @@ def _rows(path: Path) -> int:
         return -1
 
 
+_REF_SHOWN = ["model", "corpus", "quantity", "params", "published_text", "measured",
+              "difference", "our_setting", "location", "quote"]
+
+
 def _references_section(tables: dict, unavailable: dict) -> str:
+    """Ours beside the published value for the same model and setting (matches), then
+    the paper's range over its models for the models it did not run (context)."""
     parts = []
     ref = tables.get("reference_values")
-    if ref is not None and len(ref):
+    if ref is not None and len(ref) and "kind" in ref.columns:
+        match = ref[ref["kind"] == "match"]
+        context = ref[ref["kind"] == "context"]
+        if len(match):
+            measured = match[match["measured"].notna()]
+            parts.append(f"<h3>The paper's models: published beside ours</h3><p>"
+                         f"{len(match)} published values of the study's models and corpora, "
+                         f"{len(measured)} measured here in the same setting (difference = "
+                         "ours - published). The rest are settings the study did not run "
+                         "(shown below the measured ones).</p>")
+            shown = pd.concat([measured, match[match["measured"].isna()]])
+            parts.append(table_html(shown[_REF_SHOWN].rename(columns={
+                "published_text": "published", "measured": "ours", "quote": "note",
+                "our_setting": "our run"}).set_index(["model", "corpus", "quantity",
+                                                      "params"]),
+                table_id="reference-values"))
+        if len(context):
+            parts.append("<h3>Models the paper did not run: its range as context</h3><p>"
+                         "The published range over the paper's models in the same setting, "
+                         "beside our measurement; context for scale, never a match.</p>")
+            cols = ["model", "corpus", "quantity", "params", "published_text",
+                    "paper_models", "measured", "our_setting", "location"]
+            parts.append(table_html(context[cols].rename(columns={
+                "published_text": "paper's range", "measured": "ours",
+                "our_setting": "our run", "paper_models": "paper's models"}).set_index(
+                ["model", "corpus", "quantity", "params"]), table_id="reference-context"))
+    elif ref is not None and len(ref):
         shown = ref.set_index(["model", "corpus", "quantity", "params"])[
             ["published", "measured", "source", "location", "quote"]]
         parts.append(table_html(shown, table_id="reference-values"))
-    else:
+    if not parts:
         parts.append('<p class="note">No published value matches a model and corpus of this '
-                     "study (values are matched by preset and corpus name).</p>")
+                     "study (values are matched by preset and corpus name), and none of the "
+                     "paper's settings was measured here for context.</p>")
     for source, why in unavailable.items():
         parts.append(f'<p class="note">{esc(source)}: {esc(why)}</p>')
     return "".join(parts)
@@ -217,9 +250,18 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
             dropna=False)))
     gl = tables.get("geometry_loss")
     if gl is not None and len(gl):
-        out.append(("Geometry against loss: Spearman of F_N and relative delta-NLL over N",
-                    gl.set_index(["model", "corpus", "distance", "renormalize"])[
-                        ["n_points", "ns", "spearman"]]))
+        if "n_min" in gl.columns:
+            out.append(("Geometry against loss (the follow-up's Table 1): Spearman over N of "
+                        "F_N and relative delta-NLL, each averaged over the corpora first "
+                        "(corpus a+b), then each corpus alone; columns N >= 1, 2, 8",
+                        gl.pivot_table(index=["model", "corpus", "distance", "rule",
+                                              "renormalize"], columns="n_min",
+                                       values="spearman", dropna=False, sort=False)))
+        else:
+            out.append(("Geometry against loss: Spearman of F_N and relative delta-NLL "
+                        "over N", gl.set_index(["model", "corpus", "distance",
+                                                "renormalize"])[["n_points", "ns",
+                                                                 "spearman"]]))
     pr = tables.get("pruning")
     if pr is not None and len(pr):
         out.append(("Pruning: perplexity by fraction of heads kept (mean over seeds)",
@@ -264,9 +306,15 @@ def study_findings(tables: dict) -> list[str]:
             out.append(f"{model} on {corpus}, top-N restriction without renormalisation: "
                        f"{parts}.")
     gl = tables.get("geometry_loss")
+    if gl is not None and len(gl) and "n_min" in gl.columns:
+        main = gl[gl["n_min"] == 1]
+        if main["averaged"].any():
+            main = main[main["averaged"].astype(bool)]
+        gl = main
     if gl is not None:
         for row in gl.itertuples(index=False):
-            out.append(f"{row.model} on {row.corpus}: Spearman correlation of F_N with the "
-                       f"restriction's relative delta-NLL over N = {row.ns}: "
+            rule = f" ({row.rule} ranking, {row.distance})" if hasattr(row, "n_min") else ""
+            out.append(f"{row.model} on {row.corpus}{rule}: Spearman correlation of F_N with "
+                       f"the restriction's relative delta-NLL over N = {row.ns}: "
                        f"{fmt(row.spearman)}.")
     return out

@@ -163,6 +163,11 @@ _ALL = (
            4096, 32768, 32768, True,
            "Mistral 7B v0.3: v0.1's shape with a 32768-token vocabulary and no sliding "
            f"window; {_MISTRAL}."),
+    Preset("mistral-small-24b", "mistralai/Mistral-Small-24B-Base-2501", "bfloat16", 23.57,
+           40, 32, 8, 128, 5120, 131072, 32768, True,
+           "Mistral Small 3 base (the follow-up's ninth checkpoint, run there with 8-bit "
+           "bitsandbytes weights, outlier threshold 6.0, bf16 compute): grouped-query "
+           f"attention, no sliding window; attngeom loads it in the dtype given; {_MISTRAL}."),
     Preset("qwen-2.5-1.5b", "Qwen/Qwen2.5-1.5B", "bfloat16", 1.54, 28, 12, 2, 128, 1536,
            151936, 131072, False,
            "Qwen 2.5: grouped-query attention (6 query heads per kv head), biases on q/k/v, "
