@@ -86,10 +86,17 @@ SCHEMAS: dict[str, dict[str, str]] = {
         _ID + "layer:i head:i nll:f delta_nll_rel:f critical:b threshold:f"
     ),
     "restrict": _cols(
-        _ID + "scope:s layer:i head:i n:i renormalize:b nll:f perplexity:f delta_nll_rel:f"
+        _ID + "scope:s layer:i head:i n:i renormalize:b nll:f perplexity:f delta_nll_rel:f "
+        "ranking:s on_grid:b passes:s"
     ),
     "restrict_nstar": _cols(
-        _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f n_star_status:s"
+        _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f n_star_status:s "
+        "ranking:s grid_n_star:f n_star_low:f n_star_high:f n_evaluated:i search:s "
+        "monotone:b note:s window_length:i"
+    ),
+    "restrict_local": _cols(
+        _ID + "scope:s layer:i head:i ranking:s renormalize:b n:i nll:f delta_nll_rel:f "
+        "mean_doc_delta_rel:f rank:i n_windows:i"
     ),
     # study tables (``attngeom reproduce``): computed from the runs' tables
     "regime_stability": _cols(
@@ -117,8 +124,9 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "pruning": (*_MC, "ranker", "seed", "order", "keep_fraction"),
     "rankings": (*_MC, "ranker", "seed", "order", "rank"),
     "head_scan": (*_MC, "layer", "head"),
-    "restrict": (*_MC, "scope", "layer", "head", "n", "renormalize"),
-    "restrict_nstar": (*_MC, "scope", "layer", "head", "renormalize", "tau"),
+    "restrict": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
+    "restrict_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
+    "restrict_local": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
