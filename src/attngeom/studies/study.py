@@ -44,43 +44,28 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from attngeom.config import COMMANDS, AnalysisConfig, RunConfig, command_spec
+from attngeom.config import (
+    AnalysisConfig,
+    PruneConfig,
+    RestrictConfig,
+    RunConfig,
+    ScanConfig,
+)
 from attngeom.errors import AttngeomError, ConfigError, StudyError
-from attngeom.names import ANALYSIS_ALIASES, ANALYSIS_NEEDS
 
+# study analysis -> (command that computes it, name of the analyze analysis or None)
+ANALYZE_PARTS = {
+    "geometry": "metrics", "sink": "sink", "taxonomy": "taxonomy", "bounds": "bounds",
+    "diagnostics": "assumptions",
+}
+INTERVENTIONS = {"pruning": "prune", "head_scan": "scan-heads", "restriction": "restrict"}
 STEPS = ("cross_corpus", "geometry_vs_loss")  # computed from the runs' tables
-
-
-def analyze_parts() -> tuple[str, ...]:
-    """The analyses of ``attngeom analyze`` a study may name: every registered one
-    (``results.schemas.ANALYSES``, read live so a newly registered analysis is a study
-    analysis too)."""
-    from attngeom.results import schemas
-
-    return tuple(schemas.ANALYSES)
-
-
-def interventions() -> dict[str, str]:
-    """Study name -> command, for every registered command a study can run
-    (``config.COMMANDS``, its ``study`` name: pruning, head_scan, restriction)."""
-    return {spec.study: name for name, spec in COMMANDS.items() if spec.study}
-
-
-def study_analyses() -> tuple[str, ...]:
-    """Every name ``study.analyses`` accepts (aliases aside)."""
-    return (*analyze_parts(), *interventions(), *STEPS)
-
-
-def canonical(name: str) -> str:
-    """An analysis' name as the CLI and the tables spell it (``geometry`` -> ``metrics``,
-    ``diagnostics`` -> ``assumptions``: the names study files used before)."""
-    return ANALYSIS_ALIASES.get(name, name)
-
-
-def run_dir(command: str) -> str:
-    """A command's folder in the study: ``runs/MODEL/CORPUS/RUN_DIR``."""
-    return command_spec(command).folder
-
+STUDY_ANALYSES = (*ANALYZE_PARTS, *INTERVENTIONS, *STEPS)
+COMMAND_CONFIGS: dict[str, type[RunConfig]] = {
+    "analyze": AnalysisConfig, "prune": PruneConfig, "scan-heads": ScanConfig,
+    "restrict": RestrictConfig,
+}
+RUN_DIRS = {"analyze": "analyze", "prune": "prune", "scan-heads": "scan", "restrict": "restrict"}
 
 _RUN_FIELDS = {f.name for f in fields(RunConfig)}
 _PER_CELL = {"model", "corpus", "model_label", "corpus_label"}  # set by the study itself
@@ -90,11 +75,8 @@ _CORPUS_FIELDS = {"corpus", "sample_documents", "separator", "text_column", "sta
 _CORPUS_KEYS = _CORPUS_FIELDS | {"n_windows"}  # a corpus may set how many windows it gives
 _FILTERS = {"models", "corpora"}
 _STUDY_KEYS = {"name", "title", "description", "analyses"}
-_FIXED_SECTIONS = {"study", "defaults", "models", "corpora", "analyze"}
-
-
-def _all_options() -> set[str]:
-    return set().union(*({f.name for f in fields(c.config)} for c in COMMANDS.values()))
+_SECTIONS = {"study", "defaults", "models", "corpora", "analyze", *STUDY_ANALYSES}
+_ALL_OPTIONS = set().union(*({f.name for f in fields(c)} for c in COMMAND_CONFIGS.values()))
 
 
 def _load_toml(data: bytes):
@@ -182,7 +164,7 @@ class Cell:
 
     @property
     def directory(self) -> Path:
-        return Path("runs") / _slug(self.model) / _slug(self.corpus) / run_dir(self.command)
+        return Path("runs") / _slug(self.model) / _slug(self.corpus) / RUN_DIRS[self.command]
 
     @property
     def name(self) -> str:
@@ -270,27 +252,23 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
     except ValueError as e:  # tomllib.TOMLDecodeError: "... (at line 3, column 7)"
         raise StudyError(f"{path}: not valid TOML: {str(e).splitlines()[0]}") from None
     ck = _Checker(path, text)
-    all_analyses = study_analyses()
-    raw = {canonical(k): v for k, v in raw.items()}  # [geometry] is [metrics]
-    ck.known(raw, _FIXED_SECTIONS | set(all_analyses), what="section")
+    ck.known(raw, _SECTIONS, what="section")
 
     head = ck.table(raw.get("study", {}), "study")
     ck.known(head, _STUDY_KEYS, "study")
     name = head.get("name") or path.stem
     if "analyses" not in head:
         raise ck.error("missing key 'analyses' (the analyses to run: "
-                       f"{', '.join(all_analyses)})", "study")
-    given = head["analyses"]
-    if isinstance(given, list):
-        given = [canonical(x) if isinstance(x, str) else x for x in given]
-    analyses = ck.names(given, all_analyses, "study", "analyses", what="analysis")
-    for section in all_analyses:
+                       f"{', '.join(STUDY_ANALYSES)})", "study")
+    analyses = ck.names(head["analyses"], STUDY_ANALYSES, "study", "analyses",
+                        what="analysis")
+    for section in (*STUDY_ANALYSES,):
         if section in raw and section not in analyses:
             raise ck.error(f"section [{section}] is given but {section!r} is not in "
                            "study.analyses", section)
 
     defaults = ck.table(raw.get("defaults", {}), "defaults")
-    ck.known(defaults, _all_options() - _PER_CELL, "defaults", what="option")
+    ck.known(defaults, _ALL_OPTIONS - _PER_CELL, "defaults", what="option")
 
     models = _models(ck, ck.table(raw.get("models", {}), "models"), check_models)
     corpora = _corpora(ck, ck.table(raw.get("corpora", {}), "corpora"))
@@ -303,13 +281,12 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
     analyze_section = ck.table(raw.get("analyze", {}), "analyze")
     ck.known(analyze_section, {f.name for f in fields(AnalysisConfig)} - _PER_CELL
              - {"analyses"}, "analyze", what="analyze option")
-    commands = interventions()
-    for analysis in all_analyses:
+    for analysis in STUDY_ANALYSES:
         table = ck.table(raw.get(analysis, {}), analysis)
-        command = commands.get(analysis)
+        command = INTERVENTIONS.get(analysis)
         allowed = set(_FILTERS)
         if command is not None:
-            allowed |= {f.name for f in fields(COMMANDS[command].config)} - _PER_CELL
+            allowed |= {f.name for f in fields(COMMAND_CONFIGS[command])} - _PER_CELL
         elif analysis == "geometry_vs_loss":
             allowed |= {"renormalize"}
         ck.known(table, allowed, analysis, what=f"{analysis} option")
@@ -322,7 +299,7 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
                       what="model")
         cs = ck.names(table.get("corpora", list(corpora)), corpora, analysis, "corpora",
                       what="corpus")
-        if analysis in commands and COMMANDS[commands[analysis]].loss:
+        if analysis in INTERVENTIONS:
             encoders = [m for m in ms if models[m].is_causal is False]
             if encoders and "models" in table:
                 raise ck.error(
@@ -356,16 +333,16 @@ def _check_steps(ck: _Checker, analyses, filters, sections) -> None:
             raise ck.error("cross_corpus needs the taxonomy of one model on at least two "
                            "corpora", *_given(sections, ("taxonomy", "cross_corpus")))
     if "geometry_vs_loss" in analyses:
-        for need in ("metrics", "restriction"):
+        for need in ("geometry", "restriction"):
             if need not in analyses:
                 raise ck.error(f"geometry_vs_loss correlates F_N with the restriction's "
                                f"delta-NLL: add {need!r} to study.analyses", "study",
                                "analyses")
-        pairs = set(_pairs(filters["metrics"])) & set(_pairs(filters["restriction"]))
+        pairs = set(_pairs(filters["geometry"])) & set(_pairs(filters["restriction"]))
         if not pairs & set(_pairs(filters["geometry_vs_loss"])):
-            raise ck.error("geometry_vs_loss needs metrics and restriction on the same "
+            raise ck.error("geometry_vs_loss needs geometry and restriction on the same "
                            "model and corpus",
-                           *_given(sections, ("restriction", "metrics", "geometry_vs_loss")))
+                           *_given(sections, ("restriction", "geometry", "geometry_vs_loss")))
         renorm = sections["geometry_vs_loss"].get("renormalize", False)
         if not isinstance(renorm, bool):
             raise ck.error("expected true or false", "geometry_vs_loss", "renormalize")
@@ -496,20 +473,18 @@ def _corpora(ck: _Checker, table: dict) -> dict:
 
 def _cells(ck, analyses, filters, defaults, models, corpora, analyze_section, sections):
     cells = []
-    parts = [a for a in analyses if a in analyze_parts()]
+    parts = [a for a in analyses if a in ANALYZE_PARTS]
     for m in models:
         for c in corpora:
-            wanted = [a for a in parts if (m, c) in _pairs(filters[a])]
-            for a in wanted:
-                missing = [x for x in ANALYSIS_NEEDS.get(a, ()) if x not in wanted]
-                if missing:
-                    raise ck.error(f"{a} needs {', '.join(map(repr, missing))}: run it "
-                                   f"wherever {a!r} runs", a)
+            wanted = [ANALYZE_PARTS[a] for a in parts if (m, c) in _pairs(filters[a])]
+            if "bounds" in wanted and "metrics" not in wanted:
+                raise ck.error("bounds sit beside the geometry: run 'geometry' wherever "
+                               "'bounds' runs", "bounds")
             if wanted:
                 cells.append(_cell(ck, "analyze", m, c, models, corpora, defaults,
                                    ("analyze", analyze_section),
                                    extra={"analyses": tuple(wanted)}))
-            for analysis, command in interventions().items():
+            for analysis, command in INTERVENTIONS.items():
                 if analysis in analyses and (m, c) in _pairs(filters[analysis]):
                     cells.append(_cell(ck, command, m, c, models, corpora, defaults,
                                        (analysis, sections[analysis])))
@@ -517,7 +492,7 @@ def _cells(ck, analyses, filters, defaults, models, corpora, analyze_section, se
 
 
 def _cell(ck, command, m, c, models, corpora, defaults, section, extra=None) -> Cell:
-    cls = COMMANDS[command].config
+    cls = COMMAND_CONFIGS[command]
     names = {f.name for f in fields(cls)}
     values: dict = {}
     origin: dict = {}
