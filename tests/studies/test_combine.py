@@ -201,3 +201,21 @@ def test_a_study_without_a_matching_corpus_shows_nothing():
     study = _study({"qwen": "qwen-2.5-7b"}, {"tiny": "/data/tinystories.txt"})
     rv = reference_values(study, {}, refs.REFERENCES)
     assert len(rv) == 0 and "difference" in rv.columns
+
+
+def test_the_localised_values_read_the_mean_of_per_document_increases():
+    study = _study({"gemma": "gemma-7b"}, {"owt": "openwebtext"})
+    local = pd.DataFrame([
+        {"model": "gemma", "corpus": "owt", "scope": "layer", "layer": 0, "head": -1,
+         "ranking": "attention", "renormalize": False, "n": 128, "delta_nll_rel": 0.5,
+         "mean_doc_delta_rel": 0.7},
+        {"model": "gemma", "corpus": "owt", "scope": "head", "layer": 0, "head": 12,
+         "ranking": "attention", "renormalize": False, "n": 128, "delta_nll_rel": 0.4,
+         "mean_doc_delta_rel": 0.6}])
+    rv = reference_values(study, {"restrict_local": local}, refs.REFERENCES)
+    e3 = rv[rv["location"] == "App. E.3"].set_index("quantity")
+    layer = rv[(rv["location"] == "App. E.3") & rv["params"].str.contains('"scope": "layer"')]
+    head = rv[(rv["location"] == "App. E.3") & rv["params"].str.contains('"head": 12')]
+    assert len(e3) == 2
+    assert layer.iloc[0].measured == 0.7 and layer.iloc[0].difference == pytest.approx(-0.009)
+    assert head.iloc[0].measured == 0.6 and head.iloc[0].difference == pytest.approx(-0.021)

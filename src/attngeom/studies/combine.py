@@ -196,15 +196,19 @@ def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str)
     if quantity == "delta_nll_rel":
         if p.get("protocol", "fixed") != "fixed" or p.get("scoring", "all") != "all":
             return math.nan
-        s = rows("restrict")
-        if s is None:
+        local = p.get("scope", "model") != "model"
+        # the localised scan (restrict_local) is scored as the paper's: the mean of the
+        # per-document relative increases; whole-model rows as the ratio of means
+        s = rows("restrict_local" if local else "restrict")
+        column = "mean_doc_delta_rel" if local else "delta_nll_rel"
+        if s is None or column not in s.columns:
             return math.nan
         s = _restrict_rows(s, p)
         if "n" in p:
             s = s[s["n"] == int(p["n"])]
-        if p.get("scope") == "layer" and "layer" not in p:  # the largest layer effect
-            return float(s["delta_nll_rel"].max()) if len(s) else math.nan
-        return _one(s["delta_nll_rel"])
+        if local and "layer" not in p:  # the largest single-layer effect
+            return float(s[column].max()) if len(s) else math.nan
+        return _one(s[column])
     if quantity == "sink_norm_ratio":
         s = rows("sink")
         if s is None:
