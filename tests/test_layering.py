@@ -35,6 +35,10 @@ ALLOWED = {
                 "studies"} | LEAVES,
     "cli": {"api", "config"} | LEAVES,
     "__main__": {"cli"},
+    # the geometry viewer re-captures rows (capture), cuts a run's windows again
+    # (pipeline, config), reads its tables (results) and draws (figures)
+    "viewer": {"core", "capture", "pipeline", "results", "figures", "config", "viewer"}
+    | LEAVES,
 }
 THIRD_PARTY_FORBIDDEN = {
     "core": {"transformers", "pandas", "matplotlib", "pyarrow"},

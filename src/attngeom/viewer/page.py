@@ -1,0 +1,177 @@
+"""The geometry viewer as one self-contained HTML page (``write_viewer``).
+
+Everything the page draws is precomputed here, for every N up to the cap, both
+rankings and both distances, and written into the page as inline JSON; the page's
+own small script draws it on a canvas (no external request, works from ``file://``).
+
+Size: per (head, query) pair and view, the radii of the keys drawn one by one are
+stored as 16-bit integers (``q = round(D / scale * 65535)``, one scale per view)
+in base64, with the exact float64 radii and metrics beside them as numbers. Rounding
+is monotone, so a key with D <= rho_max keeps q(D) <= q(rho_max): the circles stay
+exact in the drawing. Which keys are intruders or stragglers is stored as bits,
+computed from the exact scores, not re-derived from the rounded radii. The keys not
+drawn one by one (long contexts) are a 40-bin histogram of their radii per N.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from attngeom.errors import ConfigError
+from attngeom.names import DISTANCES, RULES
+from attngeom.viewer.page_assets import SCRIPT, STYLE
+from attngeom.viewer.view import DEFAULT_GRID, TOP_KEYS, HeadView, collect, prepare
+
+LEVELS = 65535
+REST_BINS = 40
+RANKINGS = RULES[:2]  # attention, contribution; the random rule is the ghost
+
+
+def _b64(array: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(array, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _bits(mask: np.ndarray) -> str:
+    return base64.b64encode(np.packbits(mask.astype(bool), axis=-1,
+                                        bitorder="little").tobytes()).decode("ascii")
+
+
+def _num(x: float) -> float | None:
+    x = float(x)
+    return None if not np.isfinite(x) else float(f"{x:.10g}")
+
+
+def _nums(xs) -> list:
+    return [_num(x) for x in np.asarray(xs, dtype=np.float64).tolist()]
+
+
+def view_payload(view: HeadView, seq: str) -> dict:
+    """What the page needs of one ``HeadView`` (every ranking and distance it holds)."""
+    shown = view.shown
+    rest = np.setdiff1d(np.arange(view.keys.size), shown)
+    views = {}
+    for (rule, dist), geo in view.views.items():
+        out_d = view.output_distance[(rule, dist)]
+        ghost_d = view.ghost_distance[(rule, dist)]
+        marks = [geo.distances.max(), geo.rho_max.max(), geo.rho_min.max(), out_d.max(),
+                 ghost_d.max()]
+        if dist == "euclidean":
+            marks.append(geo.aggregate_norm.max())
+        scale = max(float(np.nanmax(marks)), 1e-300)
+
+        def q(x, scale=scale):
+            return np.clip(np.round(np.asarray(x, np.float64) / scale * LEVELS), 0, LEVELS)
+
+        hist = np.stack([np.histogram(q(geo.distances[i, rest]), bins=REST_BINS,
+                                      range=(0, LEVELS + 1))[0] if rest.size else
+                         np.zeros(REST_BINS, np.int64) for i in range(geo.ns.size)])
+        offenders = (geo.intruders | geo.stragglers)[:, shown]
+        views[f"{rule}|{dist}"] = {
+            "order": geo.order.tolist(),
+            "scale": _num(scale),
+            "radius": _b64(q(geo.distances[:, shown]), "<u2"),
+            "offenders": _bits(offenders),
+            "rho_max_q": q(geo.rho_max).astype(int).tolist(),
+            "rho_min_q": q(geo.rho_min).astype(int).tolist(),
+            "snorm_q": q(geo.aggregate_norm).astype(int).tolist() if dist == "euclidean"
+            else None,
+            "z_q": q(out_d).astype(int).tolist(),
+            "ghost_q": q(ghost_d).astype(int).tolist(),
+            "rho_max": _nums(geo.rho_max), "rho_min": _nums(geo.rho_min),
+            "z": _nums(out_d), "ghost_agg": _nums(ghost_d),
+            "P": _nums(geo.precision), "R": _nums(geo.recall), "F": _nums(geo.f_score),
+            "margin": _nums(geo.margin), "inv": _nums(geo.inversions),
+            "intruders": geo.intruders.sum(-1).tolist(),
+            "stragglers": geo.stragglers.sum(-1).tolist(),
+            "rest_hist": _b64(hist, "<u2") if rest.size else None,
+            "rest_inside": geo.intruders[:, rest].sum(-1).tolist() if rest.size else None,
+        }
+    ghosts = {d: {"order": g.order.tolist(), "P": _nums(g.precision), "R": _nums(g.recall),
+                  "F": _nums(g.f_score), "margin": _nums(g.margin),
+                  "inv": _nums(g.inversions), "angle": _nums(view.ghost_angles[d])}
+              for d, g in view.ghosts.items()}
+    return {
+        "id": f"L{view.layer}H{view.head}t{view.query}" + (
+            "" if view.window is None else f"w{view.window}"),
+        "model": view.model, "layer": view.layer, "head": view.head, "query": view.query,
+        "window": view.window, "seq": seq, "winner": view.winner,
+        "regime": {k: (_num(x) if isinstance(x, float) else x) for k, x in
+                   view.regime.items()},
+        "keys": view.keys.tolist() if view.keys.size != view.keys[-1] + 1 else None,
+        "num_keys": int(view.keys.size),
+        "shown": view.shown.tolist(),
+        "angle": _b64(np.round((view.angle[shown] + np.pi) / (2 * np.pi) * LEVELS), "<u2"),
+        "alpha": _b64(view.alpha, "<f4"), "contribution": _b64(view.contribution, "<f4"),
+        "z_angle": _num(view.output_angle),
+        "ns": view.ns.tolist(), "grid": [n for n in view.n_grid if n in set(view.ns.tolist())],
+        "default_n": view.default_n, "seed": view.seed,
+        "views": views, "ghosts": ghosts,
+    }
+
+
+def page_html(payload: dict, title: str) -> str:
+    """The page: style, data and script inline."""
+    data = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    data = data.replace("</", "<\\/")  # never closes the script element
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>{html.escape(title)}</title><link rel=\"icon\" href=\"data:,\">"
+        f"<style>{STYLE}</style></head><body>"
+        f"<script id=\"attngeom-data\" type=\"application/json\">{data}</script>"
+        f"<script>{SCRIPT}</script></body></html>\n")
+
+
+def write_viewer(out_html, model=None, prompt=None, *, run=None, window: int | None = None,
+                 heads: Sequence[tuple[int, int]], queries: Sequence[int | None] = (-1,),
+                 n_grid: Sequence[int] = DEFAULT_GRID, n_max: int | None = None,
+                 seed: int | None = None, tokenizer=None, top_keys: int = TOP_KEYS,
+                 title: str | None = None) -> Path:
+    """Write the geometry viewer for every (layer, head) of ``heads`` at every query.
+
+    ``model`` and ``prompt`` as ``inspect``'s model and text_or_ids; or ``run=`` (and
+    ``window``) to view a run's window captured again (``model`` may then be left out).
+    ``queries``: positions (negatives from the end; with a run ``-1`` / ``None`` is its
+    final query). Every N up to ``n_max`` (default ``max(n_grid)``) is precomputed for
+    the slider, under both rankings and both distances, with the random control's set
+    of the same size as a ghost. Long contexts draw the ``top_keys`` keys of largest
+    contribution (plus the selected, the sink, the current token and the winner) one
+    by one and the rest as a density. Returns the path written.
+    """
+    pairs = []
+    for item in heads:
+        try:
+            layer, head = (int(x) for x in item)
+        except (TypeError, ValueError):
+            raise ConfigError(f"heads: expected (layer, head) pairs, got {item!r}") from None
+        for query in queries:
+            pairs.append((layer, head, query))
+    if not pairs:
+        raise ConfigError("heads: expected at least one (layer, head) pair and one query")
+    prep = prepare(model, prompt, run=run, window=window, tokenizer=tokenizer)
+    if prep.run is not None:
+        pairs = [(a, b, None if q in (None, -1) else q) for a, b, q in pairs]
+    else:
+        pairs = [(a, b, -1 if q is None else q) for a, b, q in pairs]
+    views = collect(prep, pairs, n_grid=n_grid, n_max=n_max, rules=RANKINGS,
+                    distances=DISTANCES, seed=prep.seed if seed is None else int(seed),
+                    top_keys=top_keys)
+    seq = "w" if prep.window is None else f"w{prep.window}"
+    payload = {
+        "title": title or f"attngeom geometry viewer: {prep.label}",
+        "model": prep.label,
+        "source": (f"run {prep.run.name}, window {prep.window}" if prep.run is not None
+                   else "prompt"),
+        "sequences": {seq: views[0].tokens},
+        "pairs": [view_payload(v, seq) for v in views],
+    }
+    out = Path(out_html)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page_html(payload, payload["title"]), encoding="utf-8")
+    return out
