@@ -417,18 +417,33 @@ class ScanConfig(_InterventionConfig):
 class RestrictConfig(_InterventionConfig):
     """``attngeom restrict``: top-N attention restriction and N*_tau (method §9)."""
 
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), help="kept entries N per query")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), help="kept entries N per "
+                                     "query: the search's first round (those below the window "
+                                     "length)")
     scopes: tuple[str, ...] = option(("model",), help="what is restricted at once: model, "
                                      "layer (each layer alone), head (each head alone)")
     layers: tuple[int, ...] | None = option(None, help="layers of the layer and head scopes "
-                                            "(default: all)")
+                                            "and of the localised scan (default: all)")
     heads: tuple[tuple[int, int], ...] | None = option(
         None, help="heads of the head scope as LAYER:HEAD,... (default: all heads of LAYERS)",
         metavar="L:H,...")
+    rankings: tuple[str, ...] = option(("attention",), help="which N keys are kept: "
+                                       "attention, contribution (alpha ||v||), random (seeded)")
     renormalize: tuple[bool, ...] = option((True, False), help="renormalise the kept "
                                            "probabilities: true, false or both")
     taus: tuple[float, ...] = option((0.01, 0.05, 0.10), help="relative delta-NLL thresholds "
-                                     "of N*_tau")
+                                     "of N*_tau, each in (0, 1)")
+    search: str = option("adaptive", help="N*_tau: adaptive (the follow-up's integer search: "
+                         "grid, bisection, refinement) or grid (smallest N of the grid)")
+    refine: int = option(3, help="integers below the bisection's pass tried upward")
+    bootstrap: int = option(1000, help="document bootstrap replicates of N*'s interval "
+                            "(0: none)")
+    scope: str = option("model", help="model: N*_tau of the scopes above; layer: the "
+                        "localised scan, N keys in one layer at a time; head: the layer scan, "
+                        "then each head of the most sensitive layers")
+    scan_n: tuple[int, ...] = option((16,), help="kept entries N of the localised scan")
+    scan_top_layers: int = option(2, help="layers whose heads the head scan restricts one at "
+                                  "a time (the most sensitive of the layer scan)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -438,8 +453,30 @@ class RestrictConfig(_InterventionConfig):
         if self.layers is not None:
             s(self, "layers", tuple(sorted(v.integers("layers", self.layers, low=0))))
         s(self, "heads", v.head_pairs("heads", self.heads))
-        s(self, "renormalize", v.flags("renormalize", self.renormalize))
-        s(self, "taus", v.thresholds("taus", self.taus))
+        s(self, "rankings", v.choices("rankings", self.rankings, RULES))
+        flags = v.as_tuple(self.renormalize, "renormalize")
+        if any(isinstance(x, str) and x.strip().lower() == "both" for x in flags):
+            flags = (False, True)
+        s(self, "renormalize", v.flags("renormalize", flags))
+        taus = tuple(v.number("taus", t) for t in v.as_tuple(self.taus, "taus"))
+        bad = [t for t in taus if not 0.0 < t < 1.0]
+        if bad or not taus:
+            raise ConfigError(f"taus: expected relative thresholds in (0, 1) (5% is 0.05), "
+                              f"got {bad[0] if bad else 'none'}")
+        s(self, "taus", tuple(dict.fromkeys(taus)))
+        v.one_of("search", self.search, ("adaptive", "grid"))
+        s(self, "refine", v.integer("refine", self.refine, low=0))
+        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
+        v.one_of("scope", self.scope, RESTRICT_SCOPES)
+        s(self, "scan_n", v.n_grid(self.scan_n, "scan_n"))
+        s(self, "scan_top_layers", v.integer("scan_top_layers", self.scan_top_layers, low=0))
+        if self.scope == "head" and self.scan_top_layers < 1:
+            raise ConfigError("scope head: expected scan_top_layers >= 1 (the layers whose "
+                              "heads are scanned), got 0: no layer to scan")
+        if self.scope != "model" and max(self.scan_n) >= self.window_length:
+            raise ConfigError(f"scan_n: expected N below the window length "
+                              f"{self.window_length} (N >= T restricts nothing), got "
+                              f"{max(self.scan_n)}")
         if self.heads is not None and self.layers is not None:
             outside = [h for h in self.heads if h[0] not in self.layers]
             if outside:
