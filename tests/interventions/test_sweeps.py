@@ -276,8 +276,9 @@ def test_restrict_at_full_length_changes_nothing(llama, windows):
     restrict, nstar = restrict_sweep(
         llama, eval_ids, [1, t - 1, t], scopes=("model", "layer", "head"), taus=(0.01,),
         search="grid", bootstrap=0)
-    # N >= T restricts nothing: it is not run and not recorded
-    assert len(restrict) == (1 + 2 + 8) * 2 * 2 and t not in set(restrict["n"])
+    # N >= T restricts nothing: it is not run, its row is the base
+    assert len(restrict) == (1 + 2 + 8) * 2 * 3
+    assert (restrict.loc[restrict["n"] == t, "delta_nll_rel"] == 0.0).all()
     last = restrict[restrict["n"] == t - 1]  # only the final query loses one key
     assert last["delta_nll_rel"].abs().max() < 0.05
     one = restrict[(restrict["n"] == 1) & (restrict["scope"] == "model")]

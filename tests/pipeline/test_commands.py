@@ -188,7 +188,7 @@ def test_every_command_reports_progress(stories) -> None:
     common = dict(window_length=32, progress=Bar, model_and_tokenizer=stories)
     api.analyze(n_windows=3, analyses=("taxonomy",), bootstrap=0, **common)
     api.scan_heads(n_eval_windows=2, **common)
-    api.restrict(n_eval_windows=2, n_grid=(1, 2), **common)
+    api.restrict(n_eval_windows=2, n_grid=(1, 2), search="grid", **common)
     api.prune(n_rank_windows=2, n_eval_windows=2, rankers=("taxonomy", "entropy"),
               keep_fractions=(1.0, 0.5), **common)
     assert [b.unit for b in bars] == ["window", "pass", "pass", "window", "pass", "pass"]

@@ -39,7 +39,7 @@ STORIES_HF = Path(asset("stories260K"))
 
 INTERNALS_TABLES = (
     "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
-    "pruning", "rankings", "head_scan", "restrict", "restrict_nstar",
+    "pruning", "rankings", "head_scan", "restrict", "restrict_nstar", "restrict_local",
     "regime_stability", "geometry_loss", "reference_values",  # written by reproduce
 )
 

@@ -379,21 +379,25 @@ def _passes(delta: float, taus: Sequence[float]) -> str:
 
 def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.ndarray,
                   taus: Sequence[float], *, length: int, adaptive: bool = True,
-                  bootstrap: int = 1000, seed: int = 0, level: float = 0.95):
+                  bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
+                  beyond: Sequence[int] = ()):
     """``(restrict, restrict_nstar)`` from the searches: every N tried with its
     delta-NLL and the taus it passes; per search and tau the integer N*, the grid
     estimate, the document-bootstrap interval (``bootstrap`` replicates, none at 0)
-    and the non-monotone notes."""
+    and the non-monotone notes. ``beyond``: grid N at or past the window length, not
+    run (they restrict nothing) and recorded with the base NLL, delta 0."""
     import pandas as pd
 
     rows, nstar_rows = [], []
     for r in results:
         s, found = r.setting, r.search
-        for n in sorted(r.nll):
-            x = r.nll[n]
+        measured = dict(r.nll)
+        measured.update({int(n): base for n in beyond if n >= length})
+        for n in sorted(measured):
+            x = measured[n]
             delta = relative_delta(x, base)
             rows.append((s.scope, s.layer, s.head, n, s.renormalize, x, math.exp(x), delta,
-                         s.ranking, n in found.grid, _passes(delta, taus)))
+                         s.ranking, n in found.grid or n >= length, _passes(delta, taus)))
         ci = (bootstrap_nstar(base_docs, r.docs, taus, length=length, replicates=bootstrap,
                               seed=seed, level=level) if bootstrap > 0 else {})
         for tau in taus:
@@ -566,7 +570,8 @@ def restrict_sweep(model: nn.Module, eval_ids: Tensor, n_grid: Iterable[int], *,
         templates, window_measure(model, eval_ids, batch_size), length=length, taus=taus,
         grid=grid, adaptive=search == "adaptive")
     return search_tables(results, base, base_docs, taus, length=length,
-                         adaptive=search == "adaptive", bootstrap=bootstrap, seed=seed)
+                         adaptive=search == "adaptive", bootstrap=bootstrap, seed=seed,
+                         beyond=grid)
 
 
 def restrict_local(model: nn.Module, eval_ids: Tensor, *, scope: str = "head", n=(16,),

@@ -6,6 +6,13 @@ batches in order, so the numbers equal one pass over all windows. ``prune`` firs
 ranks the heads on its ranking windows (the first ``n_rank_windows``; the evaluation
 windows follow them, disjoint). Progress counts forward passes: one window batch
 under one setting.
+
+``restrict`` runs in rounds (``sweeps.restrict_search``): the grid of N for every
+ranking, renormalisation and scope target, then each round of the adaptive N* search
+for all of them at once, one pass over the windows per round (its own resumable
+stage, ``restrict`` then ``restrict-2``, ...), keeping each window's NLL for the
+document bootstrap. ``--scope layer|head`` runs the localised scan instead (stages
+``restrict-layers`` and ``restrict-heads``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import numpy as np
 import torch
 
 from attngeom.config import AnalysisConfig
+from attngeom.errors import ConfigError
 from attngeom.interventions import sweeps
 from attngeom.interventions.perplexity import NLLResult
 from attngeom.interventions.rankers import DEFAULT_ORDER, RANKERS, add_stats
@@ -44,6 +52,42 @@ def measure(ctx: RunContext, windows, settings, stage: str, desc: str):
     return NLLResult.from_sum(base_total, n_tokens), totals / n_tokens
 
 
+def measure_rows(ctx: RunContext, windows, stage, desc: str) -> sweeps.Measure:
+    """The ``sweeps.Measure`` of ``restrict``: round k of the settings runs as stage
+    ``stage`` (k = 0; with the base) or ``stage-{k+1}`` (or ``stage[k]`` for a tuple
+    of names) over ``windows`` in unit batches; the pooled sums add up batch by batch
+    as ``measure`` adds them."""
+    model = ctx.model
+    per_window = len(windows[0]) - 1
+    n_tokens = len(windows) * per_window
+
+    def run(rnd: int, settings):
+        first = rnd == 0
+
+        def process(unit):
+            ids = [w.index for w in unit.windows]
+            with torch.no_grad():
+                return sweeps.nll_rows(model, _stack(unit.windows), settings, ids, base=first)
+
+        name = (stage[rnd] if isinstance(stage, tuple)
+                else stage if first else f"{stage}-{rnd + 1}")
+        base_total, totals, base_rows, rows = 0.0, np.zeros(len(settings)), [], []
+        for b, b_rows, sums, r in ctx.run_units(
+                name, units_of(windows, ctx.config.batch_size), process, unit="pass",
+                weight=lambda u: len(settings) + first,
+                desc=f"{desc} round {rnd + 1} ({len(windows)} windows x "
+                     f"{len(settings) + first} settings)"):
+            base_total += b
+            totals = totals + sums
+            base_rows.append(b_rows)
+            rows.append(r)
+        docs = np.concatenate(rows, axis=1) / per_window
+        base_docs = np.concatenate(base_rows) / per_window if first else None
+        return base_total / n_tokens, base_docs, totals / n_tokens, docs
+
+    return run
+
+
 def _split(ctx: RunContext, n_rank: int):
     rank, ev = ctx.windows[:n_rank], ctx.windows[n_rank : n_rank + ctx.config.n_eval_windows]
     ctx.corpus_extra.update({"rank_windows": [w.index for w in rank],
@@ -66,16 +110,38 @@ class ScanHeads(Command):
 
 
 class Restrict(Command):
-    """Keep only the top-N attention entries per query; delta-NLL and N*_tau."""
+    """Keep only the top-N entries per query; delta-NLL, integer N*_tau, localised scan."""
 
     def run(self, ctx: RunContext) -> dict:
         cfg = ctx.config
         _, ev = _split(ctx, 0)
-        settings = sweeps.restrict_settings(
-            ctx.model, cfg.n_grid, scopes=cfg.scopes, renormalize=cfg.renormalize,
-            layers=cfg.layers, heads=cfg.heads)
-        base, nll = measure(ctx, ev, settings, "restrict", "restrict")
-        restrict, nstar = sweeps.restrict_tables(settings, base, nll, cfg.taus)
+        length = len(ev[0])
+        if cfg.scope != "model":
+            layout = ctx.layout
+            layers = list(range(layout.num_layers)) if cfg.layers is None else list(cfg.layers)
+            outside = [layer for layer in layers if layer >= layout.num_layers]
+            if outside:
+                raise ConfigError(f"layers: expected layers in [0, {layout.num_layers}) for "
+                                  f"{layout.model_class}, got {outside[0]}")
+            templates = [sweeps.Restriction("layer", 0, -1, n, flag, ranking, cfg.seed)
+                         for ranking in cfg.rankings for flag in cfg.renormalize
+                         for n in cfg.scan_n]
+            scan = measure_rows(ctx, ev, ("restrict-layers", "restrict-heads"), "restrict scan")
+            local = sweeps.local_scan(templates, scan, layers=layers,
+                                      num_heads=layout.num_heads, heads=cfg.scope == "head",
+                                      top_layers=min(cfg.scan_top_layers, len(layers)))
+            return {"restrict_local": local}
+        templates = sweeps.restrict_settings(
+            ctx.model, cfg.n_grid[:1], scopes=cfg.scopes, renormalize=cfg.renormalize,
+            layers=cfg.layers, heads=cfg.heads, rankings=cfg.rankings, seed=cfg.seed)
+        adaptive = cfg.search == "adaptive"
+        base, base_docs, results = sweeps.restrict_search(
+            templates, measure_rows(ctx, ev, "restrict", "restrict"), length=length,
+            taus=cfg.taus, grid=cfg.n_grid, adaptive=adaptive, refine=cfg.refine)
+        restrict, nstar = sweeps.search_tables(results, base, base_docs, cfg.taus,
+                                               length=length, adaptive=adaptive,
+                                               bootstrap=cfg.bootstrap, seed=cfg.seed,
+                                               beyond=cfg.n_grid)
         return {"restrict": restrict, "restrict_nstar": nstar}
 
 

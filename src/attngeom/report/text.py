@@ -143,9 +143,14 @@ def format_nstar(res) -> str:
     ns = ns[ns["scope"] == "model"] if (ns["scope"] == "model").any() else ns
     cells = ns.assign(value=[f"> {largest}" if s == "above_grid" else f"{v:.0f}"
                              for v, s in zip(ns["n_star"], ns["n_star_status"], strict=True)])
-    table = cells.pivot_table(index="tau", columns="renormalize", values="value",
-                              aggfunc="first")
-    table.columns = [f"renormalised={c}" for c in table.columns]
+    if "ranking" in cells.columns and cells["ranking"].nunique() > 1:
+        table = cells.pivot_table(index="tau", columns=["ranking", "renormalize"],
+                                  values="value", aggfunc="first")
+        table.columns = [f"{r} renormalised={c}" for r, c in table.columns]
+    else:
+        table = cells.pivot_table(index="tau", columns="renormalize", values="value",
+                                  aggfunc="first")
+        table.columns = [f"renormalised={c}" for c in table.columns]
     table.index.name = "tau"
     return "N*_tau (smallest N whose relative delta-NLL stays within tau)\n" + table.to_string()
 
@@ -187,6 +192,15 @@ def scan_summary(res) -> str:
 
 
 def restrict_summary(res) -> str:
+    if "restrict_nstar" not in res.tables and "restrict_local" in res.tables:
+        local = res["restrict_local"]  # --scope layer / head: the most sensitive first
+        top = local[local["rank"] <= 3].sort_values(["scope", "ranking", "renormalize", "n",
+                                                     "rank"], ascending=[False, True, True,
+                                                                         True, True])
+        return _join(*caveats(res), "Localised restriction (mean of per-window relative "
+                     "NLL increases), three largest per scope\n" + top[
+                         ["scope", "layer", "head", "ranking", "renormalize", "n",
+                          "mean_doc_delta_rel"]].to_string(index=False))
     return _join(*caveats(res), format_nstar(res))
 
 
