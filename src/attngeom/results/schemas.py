@@ -98,6 +98,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
         _ID + "scope:s layer:i head:i ranking:s renormalize:b n:i nll:f delta_nll_rel:f "
         "mean_doc_delta_rel:f rank:i n_windows:i"
     ),
+    # the head atlas (pipeline/atlas.py): the field's head types, one row per head and score
+    "head_scores": _cols(
+        _ID + "layer:i head:i score:s value:f threshold:f is_type:b n_samples:i inputs:s seed:i"
+    ),
     # study tables (``attngeom reproduce``): computed from the runs' tables
     "regime_stability": _cols(
         _ID + "other_corpus:s n_heads:i excluded:i agreement:f kappa:f "
@@ -127,6 +131,7 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "restrict": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
     "restrict_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
     "restrict_local": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
+    "head_scores": (*_MC, "layer", "head", "score"),
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
