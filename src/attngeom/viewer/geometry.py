@@ -202,10 +202,14 @@ def selection_geometry(alpha: Tensor, values: Tensor, universe: Tensor, ns: Sequ
         dist = np.sqrt(np.maximum(s2n[:, None] - close_u, 0.0))
     else:
         dist = 1.0 - close_u
+    # the radii from the very distances drawn (the same operations on the same scores,
+    # so the farthest selected key lies exactly on rho_max, whatever sqrt rounds to)
+    rho_max = np.where(selected, dist, -np.inf).max(-1)
+    rho_min = np.where(selected, np.inf, dist).min(-1)
     return SelectionGeometry(
         rule=rule, distance=distance, ns=grid, keys=keys_np, order=top_np,
         close=close_u, distances=dist, selected=selected, intruders=intruders,
-        stragglers=stragglers, rho_max=m["rho_max"], rho_min=m["rho_min"],
+        stragglers=stragglers, rho_max=rho_max, rho_min=rho_min,
         aggregate_norm=np.sqrt(np.maximum(s2n, 0.0)), aggregates=s.numpy(),
         precision=m["precision"], recall=m["recall"], f_score=m["f_score"],
         margin=m["margin"], inversions=inversions)
@@ -227,11 +231,9 @@ def _metric_values(n: np.ndarray, intruders: np.ndarray, clears: np.ndarray, cmi
         spread = rho_min + rho_max
         margin = torch.where(spread > 0, (cmin_t - cmax_t) / spread.clamp_min(1e-300), 0.0)
     else:
-        rho_min, rho_max = 1.0 - cmax_t, 1.0 - cmin_t
         margin = cmin_t - cmax_t
     return {"precision": precision.numpy(), "recall": recall.numpy(),
-            "f_score": f_score.numpy(), "margin": margin.numpy(),
-            "rho_max": rho_max.numpy(), "rho_min": rho_min.numpy()}
+            "f_score": f_score.numpy(), "margin": margin.numpy()}
 
 
 def vector_distance(a: np.ndarray, b: np.ndarray, distance: str) -> float:
