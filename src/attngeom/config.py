@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import ClassVar
@@ -29,6 +30,7 @@ from attngeom import validate as v
 from attngeom.assets import DEFAULT_CORPUS, DEFAULT_MODEL, asset
 from attngeom.errors import ConfigError
 from attngeom.names import (
+    ANALYSIS_ALIASES,
     ANALYSIS_NEEDS,
     DISTANCES,
     DTYPES,
@@ -40,6 +42,7 @@ from attngeom.names import (
     RULES,
     VARIANTS,
 )
+from attngeom.results import schemas
 from attngeom.results.schemas import ANALYSES
 
 __all__ = [
@@ -284,7 +287,9 @@ class AnalysisConfig(RunConfig):
         s(self, "rules", v.choices("rules", self.rules, RULES))
         s(self, "distances", v.choices("distances", self.distances, DISTANCES))
         s(self, "variants", v.choices("variants", self.variants, VARIANTS))
-        s(self, "analyses", v.choices("analyses", self.analyses, ANALYSES))
+        given = tuple(ANALYSIS_ALIASES.get(a, a) if isinstance(a, str) else a
+                      for a in v.as_tuple(self.analyses, "analyses"))
+        s(self, "analyses", v.choices("analyses", given, schemas.ANALYSES))
         if self.repeats is not None:
             s(self, "repeats", v.integer("repeats", self.repeats, low=1))
         if self.chunk_size is not None:
@@ -363,6 +368,14 @@ def _orders(value) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(out))
 
 
+def known_rankers() -> tuple[str, ...]:
+    """The registered head rankers: ``interventions.rankers.RANKERS`` once that module is
+    loaded (a ranker registered since is known; it cannot be registered before the module
+    loads), else the built-in names (``names.RANKERS``), without importing torch here."""
+    module = sys.modules.get("attngeom.interventions.rankers")
+    return tuple(module.RANKERS) if module is not None else tuple(RANKERS)
+
+
 @command("prune", help="keep-fraction pruning sweep per head ranker",
          work="attngeom.pipeline.interventions:Prune",
          summary="attngeom.report.text:prune_summary", loss=True, study="pruning")
@@ -383,7 +396,7 @@ class PruneConfig(_InterventionConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         s = object.__setattr__
-        s(self, "rankers", v.choices("rankers", self.rankers, RANKERS))
+        s(self, "rankers", v.choices("rankers", self.rankers, known_rankers()))
         s(self, "keep_fractions", v.fractions("keep_fractions", self.keep_fractions))
         s(self, "seeds", v.integers("seeds", self.seeds))
         s(self, "orders", _orders(self.orders))

@@ -18,7 +18,7 @@ from attngeom.figures.interventions import fig_head_scan, fig_pruning, fig_restr
 from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, fig_topn_curves
 from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
 from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
-from attngeom.names import SEPARABILITY, STABLE
+from attngeom.names import MIXER, RESET, RETRIEVER, SEPARABILITY, STABLE
 
 
 @dataclass
@@ -248,8 +248,8 @@ def regimes(g: Group):
 
     return Plot(
         "Head regimes",
-        "Left: regime of every head by single-source plurality (Retriever: the current "
-        "token wins most often; Mixer: the sink; Reset: no single privileged source); "
+        f"Left: regime of every head by single-source plurality ({RETRIEVER}: the current "
+        f"token wins most often; {MIXER}: the sink; {RESET}: no single privileged source); "
         f"hatched, faded cells are labels kept in fewer than {STABLE:.0%} of window-bootstrap "
         "resamples. Right: share of heads in each regime by layer.", ("taxonomy",), draw)
 

@@ -21,6 +21,8 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
+from attngeom.names import NO_REGIME, REGIMES
+
 COLUMN_WIDTH = 3.4
 """Width in inches of one paper column."""
 PAGE_WIDTH = 7.0
@@ -66,8 +68,9 @@ RULE_LINESTYLES = {"attention": "-", "contribution": "-.", "random": "--"}
 RULE_LABELS = {"attention": "attention top-N", "contribution": "contribution top-N",
                "random": "random N"}
 
-REGIME_COLORS = {"Retriever": "#0072B2", "Mixer": "#E69F00", "Reset": "#009E73",
-                 "none": "#D9D9D9"}
+# Retriever, Mixer, Reset, then the grey of heads with no regime
+REGIME_COLORS = dict(zip((*REGIMES, NO_REGIME), ("#0072B2", "#E69F00", "#009E73", "#D9D9D9"),
+                         strict=True))
 
 SOURCE_COLORS = {"f_self": "#0072B2", "f_sink": "#E69F00", "f_other": "#009E73"}
 SOURCE_LABELS = {"f_self": "self", "f_sink": "sink", "f_other": "other"}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attngeom.names import NO_REGIME, REGIMES, STABLE
+from attngeom.names import MIXER, NO_REGIME, REGIMES, STABLE
 from attngeom.report.html import fmt
 
 LABELS = (*REGIMES, NO_REGIME)
@@ -158,11 +158,11 @@ def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
         return []
     counts = taxonomy["regime"].astype(str).value_counts()
     total = int(counts.sum())
-    parts = [f"{int(counts.get(r, 0))} {r}{'s' if r != 'none' else ''} "
-             f"({fmt(100 * counts.get(r, 0) / total, 2)}%)" for r in REGIMES]
+    parts = [f"{int(counts.get(r, 0))} {r}s ({fmt(100 * counts.get(r, 0) / total, 2)}%)"
+             for r in REGIMES]
     text = f"{model_label}Of {total} heads: " + ", ".join(parts)
-    if counts.get("none", 0):
-        text += f", and {int(counts['none'])} with no valid query"
+    if counts.get(NO_REGIME, 0):
+        text += f", and {int(counts[NO_REGIME])} with no valid query"
     out = [text + "."]
     if "stability" in taxonomy.columns:
         stab = taxonomy["stability"].astype(float)
@@ -172,9 +172,9 @@ def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
                    f"{int(stab.notna().sum())} labels are unstable (< {fmt(STABLE)}).")
     means = taxonomy.groupby(taxonomy["regime"].astype(str))[["f_self", "f_sink", "f_other"]]
     means = means.mean()
-    if "Mixer" in means.index:
-        out.append(f"{model_label}In Mixer heads the sink wins {fmt(means.loc['Mixer', 'f_sink'])} "
-                   "of queries on average.")
+    if MIXER in means.index:
+        out.append(f"{model_label}In {MIXER} heads the sink wins "
+                   f"{fmt(means.loc[MIXER, 'f_sink'])} of queries on average.")
     return out
 
 

@@ -30,6 +30,7 @@ import shutil
 from pathlib import Path
 
 from attngeom.errors import ConfigError, RunDirError
+from attngeom.results import schemas
 from attngeom.results.files import TEMP_RE as _TEMP_RE
 from attngeom.results.files import atomic_write as _atomic_write
 from attngeom.results.manifest import config_fingerprint, to_json
@@ -40,7 +41,6 @@ from attngeom.results.schemas import (
     ROW_KEYS,
     SCHEMAS,
     STRING,
-    TABLE_NAMES,
     check_table_name,
     table_file,
     validate_table,
@@ -179,7 +179,7 @@ def read_table(run_dir, name: str):
 def available_tables(run_dir) -> list[str]:
     """Names of the tables whose files ``run_dir`` holds, in ``schemas.TABLE_NAMES`` order."""
     run_dir = _existing_dir(run_dir)
-    return [n for n in TABLE_NAMES if (run_dir / f"{n}.parquet").is_file()]
+    return [n for n in schemas.TABLE_NAMES if (run_dir / f"{n}.parquet").is_file()]
 
 
 # --------------------------------------------------------------------------- manifest
@@ -231,7 +231,7 @@ REPORT_DIR = "report"  # written by ``attngeom report`` inside a run directory
 
 def _own_names(manifest: dict | None) -> set[str]:
     """Top-level names in a run directory that attngeom wrote (and may remove)."""
-    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in TABLE_NAMES)}
+    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in schemas.TABLE_NAMES)}
     if manifest:
         listed = list((manifest.get("tables") or {}).values()) if isinstance(
             manifest.get("tables"), dict

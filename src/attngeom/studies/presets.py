@@ -1,8 +1,8 @@
 """Model presets: the papers' checkpoints and their successors, by short name.
 
-A leaf of the studies layer (stdlib and attngeom's leaves only, no torch), so a study
-file can be checked and its memory planned without importing a model stack. The
-architecture numbers are those of each checkpoint's ``config.json`` on the hub and
+A leaf of the studies layer (stdlib, attngeom's leaves and the configuration, no
+torch), so a study file can be checked and its memory planned without importing a
+model stack. The architecture numbers are those of each checkpoint's ``config.json`` on the hub and
 the parameter counts are the published ones; a study that loads the real model reads
 its configuration again and does not trust these.
 """
@@ -13,15 +13,16 @@ import difflib
 import math
 from dataclasses import dataclass
 
+from attngeom.config import COMMANDS, loss_commands
 from attngeom.errors import ConfigError
 from attngeom.names import DTYPES
 
 BYTES_PER_ELEMENT = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 assert set(BYTES_PER_ELEMENT) == set(DTYPES)
 
-# the commands whose runs compute the next-token loss, so hold the logits
-LOSS_COMMANDS = ("prune", "scan-heads", "restrict")
-COMMANDS = ("analyze", *LOSS_COMMANDS)
+# the commands whose runs compute the next-token loss, so hold the logits: declared with
+# each command (``config.COMMANDS``, ``loss=True``)
+LOSS_COMMANDS = loss_commands()
 
 GB = 1e9  # decimal gigabytes, as the hub and most device tools print them
 OVERHEAD_FACTOR = 1.10  # allocator fragmentation and small buffers
@@ -70,6 +71,7 @@ def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int
     b = _bytes(dtype)
     if command not in COMMANDS:
         raise ConfigError(f"unknown command {command!r}: expected one of {', '.join(COMMANDS)}")
+    loss = COMMANDS[command].loss
     if not (isinstance(params_b, (int, float)) and math.isfinite(params_b) and params_b > 0):
         raise ConfigError(f"params_b must be a positive number, got {params_b!r}")
     for name, value in (("layers", layers), ("hidden", hidden), ("kv_dim", kv_dim),
@@ -82,7 +84,7 @@ def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int
     residual = (layers + 1) * B * T * hidden * b
     attn = 2 * B * heads * T * T * 4
     logits = 0
-    if command in LOSS_COMMANDS:
+    if loss:
         logits = B * T * vocab * 4 + B * min(T, LOGSOFTMAX_CHUNK) * vocab * 8
     return (weights + kv + residual + attn + logits) * OVERHEAD_FACTOR / GB + RUNTIME_GB
 

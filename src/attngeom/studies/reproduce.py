@@ -200,10 +200,9 @@ def _say(progress: bool, text: str) -> None:
 
 
 def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> list[dict]:
-    from attngeom.pipeline.runner import Distributed, execute
+    from attngeom.pipeline.runner import Distributed, execute, work_of
     from attngeom.results.state import run_states
 
-    commands = _commands()
     done = []
     loaded_key, loaded = None, None
     for i, cell in enumerate(study.cells, start=1):
@@ -225,7 +224,7 @@ def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> l
         resumed = bool(run_states(directory))  # shards of an unfinished run are there
         _say(progress, f"{head}: {'resuming' if resumed else 'running'}")
         t = time.perf_counter()
-        execute(commands[cell.command], cfg, directory, overwrite=overwrite,
+        execute(work_of(cell.command), cfg, directory, overwrite=overwrite,
                 progress=progress, model_and_tokenizer=loaded)
         rec.update(status="resumed" if resumed else "run", wall_s=time.perf_counter() - t)
         done.append(rec)
@@ -237,14 +236,6 @@ def _load(cfg, dist):
 
     return load_model(cfg.model, device=dist.device(cfg.device), dtype=cfg.dtype,
                       device_map=cfg.device_map)
-
-
-def _commands() -> dict:
-    from attngeom.pipeline.analyze import Analyze
-    from attngeom.pipeline.interventions import Prune, Restrict, ScanHeads
-
-    return {"analyze": Analyze(), "prune": Prune(), "scan-heads": ScanHeads(),
-            "restrict": Restrict()}
 
 
 # --------------------------------------------------------------------------- tables

@@ -10,7 +10,7 @@ no next-token loss) is one ``StudyError`` line naming the file, the line and the
 
     [study]
     name = "demo"
-    analyses = ["geometry", "sink", "taxonomy", "cross_corpus", "restriction",
+    analyses = ["metrics", "sink", "taxonomy", "cross_corpus", "restriction",
                 "geometry_vs_loss"]
 
     [defaults]            # any option of analyze, prune, scan-heads or restrict
@@ -33,6 +33,12 @@ no next-token loss) is one ``StudyError`` line naming the file, the line and the
 
 Option values apply in the order defaults < model < corpus < analysis section, each
 only to the runs whose configuration has that option.
+
+The analyses carry the names of the command line and the tables (``metrics``, ``sink``,
+``taxonomy``, ``bounds``, ``assumptions``: every analysis registered in
+``pipeline/analyses.py``); ``geometry`` and ``diagnostics``, their names in older study
+files, are read as ``metrics`` and ``assumptions`` (``names.ANALYSIS_ALIASES``). The
+commands a study runs are those declared with a ``study`` name (``config.COMMANDS``).
 """
 
 from __future__ import annotations
@@ -44,28 +50,43 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from attngeom.config import (
-    AnalysisConfig,
-    PruneConfig,
-    RestrictConfig,
-    RunConfig,
-    ScanConfig,
-)
+from attngeom.config import COMMANDS, AnalysisConfig, RunConfig, command_spec
 from attngeom.errors import AttngeomError, ConfigError, StudyError
+from attngeom.names import ANALYSIS_ALIASES, ANALYSIS_NEEDS
 
-# study analysis -> (command that computes it, name of the analyze analysis or None)
-ANALYZE_PARTS = {
-    "geometry": "metrics", "sink": "sink", "taxonomy": "taxonomy", "bounds": "bounds",
-    "diagnostics": "assumptions",
-}
-INTERVENTIONS = {"pruning": "prune", "head_scan": "scan-heads", "restriction": "restrict"}
 STEPS = ("cross_corpus", "geometry_vs_loss")  # computed from the runs' tables
-STUDY_ANALYSES = (*ANALYZE_PARTS, *INTERVENTIONS, *STEPS)
-COMMAND_CONFIGS: dict[str, type[RunConfig]] = {
-    "analyze": AnalysisConfig, "prune": PruneConfig, "scan-heads": ScanConfig,
-    "restrict": RestrictConfig,
-}
-RUN_DIRS = {"analyze": "analyze", "prune": "prune", "scan-heads": "scan", "restrict": "restrict"}
+
+
+def analyze_parts() -> tuple[str, ...]:
+    """The analyses of ``attngeom analyze`` a study may name: every registered one
+    (``results.schemas.ANALYSES``, read live so a newly registered analysis is a study
+    analysis too)."""
+    from attngeom.results import schemas
+
+    return tuple(schemas.ANALYSES)
+
+
+def interventions() -> dict[str, str]:
+    """Study name -> command, for every registered command a study can run
+    (``config.COMMANDS``, its ``study`` name: pruning, head_scan, restriction)."""
+    return {spec.study: name for name, spec in COMMANDS.items() if spec.study}
+
+
+def study_analyses() -> tuple[str, ...]:
+    """Every name ``study.analyses`` accepts (aliases aside)."""
+    return (*analyze_parts(), *interventions(), *STEPS)
+
+
+def canonical(name: str) -> str:
+    """An analysis' name as the CLI and the tables spell it (``geometry`` -> ``metrics``,
+    ``diagnostics`` -> ``assumptions``: the names study files used before)."""
+    return ANALYSIS_ALIASES.get(name, name)
+
+
+def run_dir(command: str) -> str:
+    """A command's folder in the study: ``runs/MODEL/CORPUS/RUN_DIR``."""
+    return command_spec(command).folder
+
 
 _RUN_FIELDS = {f.name for f in fields(RunConfig)}
 _PER_CELL = {"model", "corpus", "model_label", "corpus_label"}  # set by the study itself
@@ -75,8 +96,11 @@ _CORPUS_FIELDS = {"corpus", "sample_documents", "separator", "text_column", "sta
 _CORPUS_KEYS = _CORPUS_FIELDS | {"n_windows"}  # a corpus may set how many windows it gives
 _FILTERS = {"models", "corpora"}
 _STUDY_KEYS = {"name", "title", "description", "analyses"}
-_SECTIONS = {"study", "defaults", "models", "corpora", "analyze", *STUDY_ANALYSES}
-_ALL_OPTIONS = set().union(*({f.name for f in fields(c)} for c in COMMAND_CONFIGS.values()))
+_FIXED_SECTIONS = {"study", "defaults", "models", "corpora", "analyze"}
+
+
+def _all_options() -> set[str]:
+    return set().union(*({f.name for f in fields(c.config)} for c in COMMANDS.values()))
 
 
 def _load_toml(data: bytes):
@@ -164,7 +188,7 @@ class Cell:
 
     @property
     def directory(self) -> Path:
-        return Path("runs") / _slug(self.model) / _slug(self.corpus) / RUN_DIRS[self.command]
+        return Path("runs") / _slug(self.model) / _slug(self.corpus) / run_dir(self.command)
 
     @property
     def name(self) -> str:
@@ -252,23 +276,27 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
     except ValueError as e:  # tomllib.TOMLDecodeError: "... (at line 3, column 7)"
         raise StudyError(f"{path}: not valid TOML: {str(e).splitlines()[0]}") from None
     ck = _Checker(path, text)
-    ck.known(raw, _SECTIONS, what="section")
+    all_analyses = study_analyses()
+    raw = {canonical(k): v for k, v in raw.items()}  # [geometry] is [metrics]
+    ck.known(raw, _FIXED_SECTIONS | set(all_analyses), what="section")
 
     head = ck.table(raw.get("study", {}), "study")
     ck.known(head, _STUDY_KEYS, "study")
     name = head.get("name") or path.stem
     if "analyses" not in head:
         raise ck.error("missing key 'analyses' (the analyses to run: "
-                       f"{', '.join(STUDY_ANALYSES)})", "study")
-    analyses = ck.names(head["analyses"], STUDY_ANALYSES, "study", "analyses",
-                        what="analysis")
-    for section in (*STUDY_ANALYSES,):
+                       f"{', '.join(all_analyses)})", "study")
+    given = head["analyses"]
+    if isinstance(given, list):
+        given = [canonical(x) if isinstance(x, str) else x for x in given]
+    analyses = ck.names(given, all_analyses, "study", "analyses", what="analysis")
+    for section in all_analyses:
         if section in raw and section not in analyses:
             raise ck.error(f"section [{section}] is given but {section!r} is not in "
                            "study.analyses", section)
 
     defaults = ck.table(raw.get("defaults", {}), "defaults")
-    ck.known(defaults, _ALL_OPTIONS - _PER_CELL, "defaults", what="option")
+    ck.known(defaults, _all_options() - _PER_CELL, "defaults", what="option")
 
     models = _models(ck, ck.table(raw.get("models", {}), "models"), check_models)
     corpora = _corpora(ck, ck.table(raw.get("corpora", {}), "corpora"))
@@ -281,12 +309,13 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
     analyze_section = ck.table(raw.get("analyze", {}), "analyze")
     ck.known(analyze_section, {f.name for f in fields(AnalysisConfig)} - _PER_CELL
              - {"analyses"}, "analyze", what="analyze option")
-    for analysis in STUDY_ANALYSES:
+    commands = interventions()
+    for analysis in all_analyses:
         table = ck.table(raw.get(analysis, {}), analysis)
-        command = INTERVENTIONS.get(analysis)
+        command = commands.get(analysis)
         allowed = set(_FILTERS)
         if command is not None:
-            allowed |= {f.name for f in fields(COMMAND_CONFIGS[command])} - _PER_CELL
+            allowed |= {f.name for f in fields(COMMANDS[command].config)} - _PER_CELL
         elif analysis == "geometry_vs_loss":
             allowed |= {"renormalize"}
         ck.known(table, allowed, analysis, what=f"{analysis} option")
@@ -299,7 +328,7 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
                       what="model")
         cs = ck.names(table.get("corpora", list(corpora)), corpora, analysis, "corpora",
                       what="corpus")
-        if analysis in INTERVENTIONS:
+        if analysis in commands and COMMANDS[commands[analysis]].loss:
             encoders = [m for m in ms if models[m].is_causal is False]
             if encoders and "models" in table:
                 raise ck.error(
@@ -333,16 +362,16 @@ def _check_steps(ck: _Checker, analyses, filters, sections) -> None:
             raise ck.error("cross_corpus needs the taxonomy of one model on at least two "
                            "corpora", *_given(sections, ("taxonomy", "cross_corpus")))
     if "geometry_vs_loss" in analyses:
-        for need in ("geometry", "restriction"):
+        for need in ("metrics", "restriction"):
             if need not in analyses:
                 raise ck.error(f"geometry_vs_loss correlates F_N with the restriction's "
                                f"delta-NLL: add {need!r} to study.analyses", "study",
                                "analyses")
-        pairs = set(_pairs(filters["geometry"])) & set(_pairs(filters["restriction"]))
+        pairs = set(_pairs(filters["metrics"])) & set(_pairs(filters["restriction"]))
         if not pairs & set(_pairs(filters["geometry_vs_loss"])):
-            raise ck.error("geometry_vs_loss needs geometry and restriction on the same "
+            raise ck.error("geometry_vs_loss needs metrics and restriction on the same "
                            "model and corpus",
-                           *_given(sections, ("restriction", "geometry", "geometry_vs_loss")))
+                           *_given(sections, ("restriction", "metrics", "geometry_vs_loss")))
         renorm = sections["geometry_vs_loss"].get("renormalize", False)
         if not isinstance(renorm, bool):
             raise ck.error("expected true or false", "geometry_vs_loss", "renormalize")
@@ -392,7 +421,8 @@ def _resolve_location(ck: _Checker, value, *where: str) -> str:
 
 
 def _models(ck: _Checker, table: dict, check: bool) -> dict:
-    allowed = (_RUN_FIELDS - _PER_CELL - _CORPUS_FIELDS) | {"model"} | _MODEL_ONLY
+    # any command's option (a model's own taus or refine), applied to the runs that have it
+    allowed = (_all_options() - _PER_CELL - _CORPUS_FIELDS) | {"model"} | _MODEL_ONLY
     out = {}
     for label, entry in table.items():
         entry = ck.table(entry, "models", label)
@@ -473,18 +503,20 @@ def _corpora(ck: _Checker, table: dict) -> dict:
 
 def _cells(ck, analyses, filters, defaults, models, corpora, analyze_section, sections):
     cells = []
-    parts = [a for a in analyses if a in ANALYZE_PARTS]
+    parts = [a for a in analyses if a in analyze_parts()]
     for m in models:
         for c in corpora:
-            wanted = [ANALYZE_PARTS[a] for a in parts if (m, c) in _pairs(filters[a])]
-            if "bounds" in wanted and "metrics" not in wanted:
-                raise ck.error("bounds sit beside the geometry: run 'geometry' wherever "
-                               "'bounds' runs", "bounds")
+            wanted = [a for a in parts if (m, c) in _pairs(filters[a])]
+            for a in wanted:
+                missing = [x for x in ANALYSIS_NEEDS.get(a, ()) if x not in wanted]
+                if missing:
+                    raise ck.error(f"{a} needs {', '.join(map(repr, missing))}: run it "
+                                   f"wherever {a!r} runs", a)
             if wanted:
                 cells.append(_cell(ck, "analyze", m, c, models, corpora, defaults,
                                    ("analyze", analyze_section),
                                    extra={"analyses": tuple(wanted)}))
-            for analysis, command in INTERVENTIONS.items():
+            for analysis, command in interventions().items():
                 if analysis in analyses and (m, c) in _pairs(filters[analysis]):
                     cells.append(_cell(ck, command, m, c, models, corpora, defaults,
                                        (analysis, sections[analysis])))
@@ -492,7 +524,7 @@ def _cells(ck, analyses, filters, defaults, models, corpora, analyze_section, se
 
 
 def _cell(ck, command, m, c, models, corpora, defaults, section, extra=None) -> Cell:
-    cls = COMMAND_CONFIGS[command]
+    cls = COMMANDS[command].config
     names = {f.name for f in fields(cls)}
     values: dict = {}
     origin: dict = {}

@@ -1,0 +1,271 @@
+"""The recipes of docs/extending.md, carried out: a toy analysis, ranker, figure and
+command, each added through its registry alone (registered here for the test and
+removed after it) and run end to end on a tiny random Llama, a study included.
+
+If a recipe needs one more file than the doc says, this test fails: the registries,
+not edits elsewhere, are what make each extension work.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attngeom import api
+from attngeom import validate as v
+from attngeom.config import COMMANDS, RunConfig, command, option
+from attngeom.core.protocol import Accumulator
+from attngeom.pipeline.runner import Command
+from attngeom.results import schemas
+from attngeom.results.io import read_table
+from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
+
+# --------------------------------------------------------------------------- the model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A random two-layer Llama with the stories260K tokenizer, saved like any model."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(STORIES_PATH))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id))
+    path = tmp_path_factory.mktemp("tiny-llama") / "tiny-llama"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- analysis
+
+TOY_TABLE = "toy_sink_share"
+
+
+class ToySinkShare(Accumulator):
+    """Mean attention on position 0 per (layer, head) over the valid query rows: sums and
+    counts only, so shards merge exactly."""
+
+    tables = (TOY_TABLE,)
+
+    def __init__(self) -> None:
+        self.sums: dict[int, np.ndarray] = {}
+        self.rows: dict[int, np.ndarray] = {}
+
+    def update(self, batch) -> None:
+        alpha = batch.alpha.double()
+        finite = torch.isfinite(alpha).all(-1)  # a non-finite row counts nowhere
+        share = torch.where(finite, alpha[..., 0], 0.0).sum(-1).numpy()
+        h = share.shape[0]
+        self.sums[batch.layer] = self.sums.get(batch.layer, np.zeros(h)) + share
+        self.rows[batch.layer] = self.rows.get(batch.layer, np.zeros(h)) + finite.sum(-1).numpy()
+
+    def merge(self, other: ToySinkShare) -> ToySinkShare:
+        for layer in other.sums:
+            self.sums[layer] = self.sums.get(layer, 0) + other.sums[layer]
+            self.rows[layer] = self.rows.get(layer, 0) + other.rows[layer]
+        return self
+
+    def compute(self) -> dict:
+        layers = sorted(self.sums)
+        heads = len(self.sums[layers[0]]) if layers else 0
+        return {TOY_TABLE: {
+            "layer": np.repeat(layers, heads).astype(np.int64),
+            "head": np.tile(np.arange(heads), len(layers)).astype(np.int64),
+            "share": np.concatenate([self.sums[la] / np.maximum(self.rows[la], 1)
+                                     for la in layers]) if layers else np.zeros(0),
+        }}
+
+
+@pytest.fixture
+def toy_analysis(monkeypatch):
+    """The analysis recipe: its tables in results/schemas.py, one register call in
+    pipeline/analyses.py (both undone after the test)."""
+    from attngeom.pipeline import analyses
+
+    monkeypatch.setitem(schemas.SCHEMAS, TOY_TABLE,
+                        schemas._cols(schemas._ID + "layer:i head:i share:f"))
+    monkeypatch.setitem(schemas.ROW_KEYS, TOY_TABLE, ("model", "corpus", "layer", "head"))
+    monkeypatch.setitem(schemas.WRITTEN_BY, TOY_TABLE, "toy")
+    monkeypatch.setattr(schemas, "TABLE_NAMES", tuple(schemas.SCHEMAS))
+    monkeypatch.setattr(schemas, "ANALYSES", (*schemas.ANALYSES, "toy"))
+    monkeypatch.setitem(analyses.REGISTRY, "toy", analyses.Analysis(
+        "toy", lambda config, context: ToySinkShare()))
+    return "toy"
+
+
+# --------------------------------------------------------------------------- ranker
+
+
+@pytest.fixture
+def toy_ranker(monkeypatch):
+    """The ranker recipe: one function and one register call in interventions/rankers.py."""
+    from attngeom.interventions import rankers
+
+    def last_layer_first(model, **_):
+        layout = rankers.model_layout(model)
+        heads = [(layer, h) for layer in reversed(range(layout.num_layers))
+                 for h in range(layout.num_heads)]
+        scores = torch.arange(len(heads), dtype=torch.float64).reshape(
+            layout.num_layers, layout.num_heads).flip(0)
+        return rankers.HeadRanking("toy_last_layer", tuple(heads), scores)
+
+    monkeypatch.setitem(rankers.RANKERS, "toy_last_layer",
+                        rankers.Ranker("toy_last_layer", last_layer_first))
+    return "toy_last_layer"
+
+
+# --------------------------------------------------------------------------- figure
+
+
+@pytest.fixture
+def toy_figure():
+    """The figure recipe: one @figure function in figures/catalog.py."""
+    from attngeom.figures import catalog
+
+    def make(g):
+        table = g.get(TOY_TABLE)
+        if table is None:
+            return None
+
+        def draw():
+            from attngeom.figures.style import new_figure
+
+            fig, ax = new_figure()
+            ax.bar(range(len(table)), table["share"])
+            return fig
+
+        return catalog.Plot("Toy sink share", "Mean attention on position 0 per head.",
+                            (TOY_TABLE,), draw)
+
+    catalog.figure("toy_share", "sink")(make)
+    yield "toy_share"
+    catalog.CATALOG[:] = [f for f in catalog.CATALOG if f.name != "toy_share"]
+
+
+# --------------------------------------------------------------------------- command
+
+TOY_COUNTS = "toy_counts"
+
+
+@dataclass(frozen=True)
+class ToyCountConfig(RunConfig):
+    """``attngeom toy-count``: special tokens per window."""
+
+    n_windows: int = option(2, help="windows to count")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "n_windows", v.integer("n_windows", self.n_windows, low=1))
+
+    @property
+    def windows_needed(self) -> int:
+        return self.n_windows
+
+
+class ToyCount(Command):
+    def run(self, ctx) -> dict:
+        rows = [{"window": int(w.index), "special": int(w.special.sum())}
+                for w in ctx.windows]
+        return {TOY_COUNTS: pd.DataFrame(rows)}
+
+
+def toy_summary(res) -> str:
+    return f"{len(res[TOY_COUNTS])} windows counted"
+
+
+@pytest.fixture
+def toy_command(monkeypatch):
+    """The command recipe: its configuration class with one @command declaration, its
+    work (a Command) and a table schema."""
+    monkeypatch.setitem(schemas.SCHEMAS, TOY_COUNTS,
+                        schemas._cols(schemas._ID + "window:i special:i"))
+    monkeypatch.setitem(schemas.ROW_KEYS, TOY_COUNTS, ("model", "corpus", "window"))
+    monkeypatch.setattr(schemas, "TABLE_NAMES", tuple(schemas.SCHEMAS))
+    monkeypatch.setitem(COMMANDS, "toy-count", None)  # removed again after the test
+    command("toy-count", help="special tokens per window",
+            work=f"{__name__}:ToyCount", summary=f"{__name__}:toy_summary",
+            run_dir="toy", study="toy_count")(ToyCountConfig)
+    return "toy-count"
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def test_toy_extensions_run_end_to_end(tiny_llama, toy_analysis, toy_ranker, toy_figure,
+                                       toy_command, tmp_path, capsys):
+    from attngeom.cli import main
+
+    common = dict(model=tiny_llama, corpus=str(TINYSTORIES_PATH), window_length=16)
+    # the analysis, through the CLI (its name is a valid --analyses value) and the API
+    assert main(["analyze", "--model", tiny_llama, "--corpus", str(TINYSTORIES_PATH),
+                 "--window-length", "16", "--n-windows", "3", "--batch-size", "2",
+                 "--analyses", f"sink,{toy_analysis}", "--bootstrap", "0", "--quiet",
+                 "--out", str(tmp_path / "a")]) == 0
+    share = read_table(tmp_path / "a", TOY_TABLE)
+    assert len(share) == 2 * 4 and share["share"].between(0, 1).all()
+    whole = api.analyze(**common, n_windows=3, batch_size=3, analyses=(toy_analysis,),
+                        bootstrap=0, progress=False)
+    pd.testing.assert_frame_equal(whole[TOY_TABLE], share, check_exact=False, rtol=1e-12)
+    # the figure, in the run's report
+    index = api.report(tmp_path / "a")
+    html = index.read_text()
+    assert "Toy sink share" in html and (index.parent / "figures" / "toy_share.png").is_file()
+    # the ranker, in a pruning sweep
+    res = api.prune(**common, out=tmp_path / "p", rankers=(toy_ranker, "magnitude"),
+                    keep_fractions=(1.0, 0.5), n_rank_windows=1, n_eval_windows=1,
+                    progress=False)
+    assert set(res["pruning"]["ranker"]) == {toy_ranker, "magnitude"}
+    ranked = res["rankings"][res["rankings"]["ranker"] == toy_ranker].sort_values("rank")
+    assert ranked["layer"].iloc[0] == 1  # last layer first
+    # the command, through the CLI and its printed summary
+    assert main(["toy-count", "--model", tiny_llama, "--corpus", str(TINYSTORIES_PATH),
+                 "--window-length", "16", "--n-windows", "2", "--quiet",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "2 windows counted" in capsys.readouterr().out
+    assert len(read_table(tmp_path / "c", TOY_COUNTS)) == 2
+
+
+def test_toy_analysis_and_command_run_in_a_study(tiny_llama, toy_analysis, toy_command,
+                                                 tmp_path):
+    from attngeom.studies.reproduce import reproduce
+    from attngeom.studies.study import load_study
+
+    path = tmp_path / "toy.toml"
+    path.write_text(textwrap.dedent(f"""
+        [study]
+        name = "toy"
+        analyses = ["{toy_analysis}", "toy_count"]
+
+        [defaults]
+        window_length = 16
+
+        [models.tiny]
+        model = "{tiny_llama}"
+
+        [corpora.stories]
+        corpus = "{TINYSTORIES_PATH}"
+
+        [analyze]
+        n_windows = 2
+        bootstrap = 0
+
+        [toy_count]
+        n_windows = 3
+    """))
+    study = load_study(path)
+    assert [c.command for c in study.cells] == ["analyze", "toy-count"]
+    result = reproduce(study, tmp_path / "out", progress=False, reports=False)
+    assert [c["status"] for c in result.cells] == ["run", "run"]
+    assert len(result.tables[TOY_TABLE]) == 2 * 4
+    assert len(result.tables[TOY_COUNTS]) == 3
+    assert (tmp_path / "out" / "runs" / "tiny" / "stories" / "toy").is_dir()
