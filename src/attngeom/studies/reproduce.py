@@ -51,6 +51,7 @@ class StudyResult:
         skipped = sum(c["status"] == "skipped" for c in self.cells)
         lines = [f"study {self.study.name}: {len(self.cells)} runs in {self.wall_s:.0f} s "
                  f"({skipped} finished before)"]
+        lines += [f"protocol: {line}" for line in format_protocol(protocol(self.study))]
         lines += [f"- {sentence}" for sentence in study_findings(self.tables)]
         lines += [f"results: {self.out_dir}", f"tables: {self.out_dir / 'tables'}"]
         if self.report is not None:
@@ -269,7 +270,9 @@ def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
         g = combine.geometry_loss(tables.get("summary"), tables.get("restrict"),
                                   renormalize=(bool(renorm),))
         pairs = set(itertools.product(*section))
-        g = g[[(m, c) in pairs for m, c in zip(g["model"], g["corpus"], strict=True)]]
+        # a row averaged over corpora ("a+b") is kept when each of its corpora is
+        g = g[[all((m, x) in pairs for x in c.split("+"))
+               for m, c in zip(g["model"], g["corpus"], strict=True)]]
         tables["geometry_loss"] = g.reset_index(drop=True)
     tables["reference_values"] = combine.reference_values(study, tables,
                                                           references.REFERENCES)
@@ -281,6 +284,48 @@ def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
     for name, df in tables.items():
         write_table(target, name, df)
     return tables
+
+
+# what a reader needs to weigh a study's numbers, per command (config fields or properties)
+PROTOCOL_KEYS = ("window_length", "query_mode", "n_windows", "n_rank_windows",
+                 "n_eval_windows", "bootstrap", "effective_repeats", "n_grid",
+                 "document_protocol")
+
+
+def protocol(study: Study) -> dict:
+    """Per command, the value of each protocol option over the study's cells (one value,
+    or the sorted distinct values where cells differ): window length, query mode,
+    windows, bootstrap replicates, random-control repeats, set sizes."""
+    out: dict = {}
+    for cell in study.cells:
+        entry = out.setdefault(cell.command, {})
+        for key in PROTOCOL_KEYS:
+            if hasattr(cell.config, key):
+                value = getattr(cell.config, key)
+                value = list(value) if isinstance(value, tuple) else value
+                seen = entry.setdefault(key, [])
+                if value not in seen:
+                    seen.append(value)
+    return {cmd: {k: (vals[0] if len(vals) == 1 else vals) for k, vals in entry.items()}
+            for cmd, entry in out.items()}
+
+
+def format_protocol(record: dict) -> list[str]:
+    """``analyze: T = 64, stride:8 queries, 4 windows, 20 bootstrap replicates, ...``."""
+    lines = []
+    for cmd, p in record.items():
+        parts = [f"T = {p['window_length']}"] if "window_length" in p else []
+        if "query_mode" in p:
+            parts.append(f"{p['query_mode']} queries")
+        for key, what in (("n_windows", "windows"), ("n_rank_windows", "ranking windows"),
+                          ("n_eval_windows", "evaluation windows"),
+                          ("bootstrap", "bootstrap replicates"),
+                          ("effective_repeats", "random-control repeats")):
+            if key in p:
+                value = "every" if p[key] is None else p[key]
+                parts.append(f"{value} {what}")
+        lines.append(f"{cmd}: {', '.join(parts)}")
+    return lines
 
 
 def _write_study_json(out: Path, study: Study, done, tables, wall_s, run_reports) -> None:
@@ -297,6 +342,7 @@ def _write_study_json(out: Path, study: Study, done, tables, wall_s, run_reports
                        "is_causal": m.is_causal, "shape": m.shape}
                    for k, m in study.models.items()},
         "corpora": {k: {"corpus": c.corpus, **c.options} for k, c in study.corpora.items()},
+        "protocol": protocol(study),
         "cells": done, "run_reports": run_reports,
         "reference_notes": dict(getattr(references, "UNAVAILABLE", {})),
         "tables": {name: f"tables/{name}.parquet" for name in tables},
