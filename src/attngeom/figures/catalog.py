@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from attngeom.figures import style
 from attngeom.figures.bounds import fig_bounds
-from attngeom.figures.interventions import fig_head_scan, fig_pruning, fig_restrict
+from attngeom.figures.interventions import (
+    fig_head_scan,
+    fig_pruning,
+    fig_restrict,
+    fig_restrict_heads,
+    fig_restrict_layers,
+)
 from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, fig_topn_curves
 from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
 from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
@@ -338,3 +344,26 @@ def restrict(g: Group):
         "N*_tau at height tau.",
         ("restrict",) + (("restrict_nstar",) if nstar is not None else ()),
         _single(fig_restrict, style.COLUMN_WIDTH, 2.6, table, nstar, **g.sel))
+
+
+@figure("restrict_local", "interventions")
+def restrict_local(g: Group):
+    table = g.get("restrict_local")
+    if table is None:
+        return None
+    heads = bool((table["scope"] == "head").any())
+
+    def draw():
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * (2 if heads else 1), 2.6,
+                                     ncols=2 if heads else 1, squeeze=False)
+        fig_restrict_layers(table, ax=axes[0][0], **g.sel)
+        if heads:
+            fig_restrict_heads(table, ax=axes[0][1], **g.sel)
+        return fig
+
+    return Plot(
+        "Localised top-N restriction",
+        "Mean over windows of each window's relative NLL increase when only one layer "
+        "(bars; dark: the layers whose heads were scanned) or only one head (map) keeps "
+        "its top-N keys; attention ranking and deletion where the run has them.",
+        ("restrict_local",), draw)

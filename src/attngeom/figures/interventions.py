@@ -6,6 +6,7 @@ import numpy as np
 from matplotlib import patheffects
 from matplotlib.colors import SymLogNorm
 
+from attngeom.errors import ConfigError
 from attngeom.figures import style
 from attngeom.figures._common import draw_layer_head_map, layer_head_grid, pick
 from attngeom.figures.style import Drawn, styled
@@ -104,37 +105,56 @@ def fig_head_scan(head_scan, *, model=None, corpus=None, ax=None) -> Drawn:
     return drawn
 
 
+_RANKING_COLORS = {"attention": ("#0072B2", "#D55E00"), "contribution": ("#009E73", "#CC79A7"),
+                   "random": ("#6E6E6E", "#A0A0A0")}
+
+
 @styled
 def fig_restrict(restrict, nstar=None, *, model=None, corpus=None, ax=None,
                  legend: bool = True) -> Drawn:
     """Relative delta-NLL against N when attention keeps only its top-N entries.
 
-    Model-scope rows of ``restrict.parquet`` (one line per ``renormalize``); a run
-    with only per-layer or per-head restriction is drawn as the mean over those.
-    With ``nstar`` (``restrict_nstar.parquet``), N*_tau is marked at height tau.
-    ``Drawn.lines`` keyed ``"renormalised"`` / ``"not renormalised"`` (prefixed with
-    the scope when it is not ``model``).
+    Model-scope rows of ``restrict.parquet`` (one line per ``renormalize``, and per
+    ranking where there are several); a run with only per-layer or per-head restriction
+    is drawn as the mean over those. Every N the search tried is a point. With
+    ``nstar`` (``restrict_nstar.parquet``), N*_tau is marked at height tau.
+    ``Drawn.lines`` keyed ``"renormalised"`` / ``"not renormalised"`` for the attention
+    ranking, ``"contribution, renormalised"`` etc. for the others (prefixed with the
+    scope when it is not ``model``).
     """
     ax = style.axes_or_new(ax)
     rows = pick(restrict, "restrict", model=model, corpus=corpus)
     scope = "model" if "model" in set(rows["scope"]) else sorted(set(rows["scope"]))[0]
     rows = rows[rows["scope"] == scope]
+    if "ranking" not in rows.columns:
+        rows = rows.assign(ranking="attention")
+    rankings = [r for r in _RANKING_COLORS if r in set(rows["ranking"])]
+    rankings += sorted(set(rows["ranking"]) - set(rankings))
     drawn = Drawn(ax=ax)
-    for renorm, color, linestyle in ((True, "#0072B2", "-"), (False, "#D55E00", "--")):
-        sub = rows[rows["renormalize"].astype(bool) == renorm]
-        if sub.empty:
-            continue
-        key = "renormalised" if renorm else "not renormalised"
-        if scope != "model":
-            key = f"{key} (mean over {scope}s)"
-        curve = sub.groupby("n")["delta_nll_rel"].mean().sort_index()
-        (line,) = ax.plot(curve.index.to_numpy(dtype=float), curve.to_numpy(), marker="o",
-                          color=color, linestyle=linestyle, label=key)
-        drawn.lines[key] = line
-        drawn.data[key] = curve.reset_index()
-        if nstar is not None:
+    for ranking in rankings:
+        colors = _RANKING_COLORS.get(ranking, ("#000000", "#555555"))
+        for renorm, color, linestyle in ((True, colors[0], "-"), (False, colors[1], "--")):
+            sub = rows[(rows["renormalize"].astype(bool) == renorm)
+                       & (rows["ranking"] == ranking)]
+            if sub.empty:
+                continue
+            key = "renormalised" if renorm else "not renormalised"
+            if ranking != "attention":
+                key = f"{ranking}, {key}"
+            if scope != "model":
+                key = f"{key} (mean over {scope}s)"
+            curve = sub.groupby("n")["delta_nll_rel"].mean().sort_index()
+            (line,) = ax.plot(curve.index.to_numpy(dtype=float), curve.to_numpy(),
+                              marker="o", markersize=3, color=color, linestyle=linestyle,
+                              label=key)
+            drawn.lines[key] = line
+            drawn.data[key] = curve.reset_index()
+            if nstar is None:
+                continue
             ns = nstar[(nstar["scope"] == scope)
                        & (nstar["renormalize"].astype(bool) == renorm)]
+            if "ranking" in ns.columns:
+                ns = ns[ns["ranking"] == ranking]
             if model is not None:
                 ns = ns[ns["model"] == model]
             ns = ns.groupby("tau")["n_star"].median().dropna()
@@ -153,3 +173,68 @@ def fig_restrict(restrict, nstar=None, *, model=None, corpus=None, ax=None,
     if legend:
         drawn.legend = ax.legend(loc="best")
     return drawn
+
+
+def _local_rows(local, model, corpus, ranking, renormalize, n):
+    rows = pick(local, "restrict_local", model=model, corpus=corpus)
+    for column, wanted in (("ranking", ranking), ("renormalize", renormalize), ("n", n)):
+        values = sorted(rows[column].unique().tolist())
+        if wanted is None:
+            wanted = "attention" if column == "ranking" and "attention" in values else \
+                (False if column == "renormalize" and False in values else values[0])
+        rows = pick(rows, "restrict_local", **{column: wanted})
+    return rows
+
+
+@styled
+def fig_restrict_layers(local, *, model=None, corpus=None, ranking=None, renormalize=None,
+                        n=None, ax=None) -> Drawn:
+    """The localised layer scan: one bar per layer, the mean over windows of each
+    window's relative NLL increase when only that layer keeps its top-N keys.
+
+    One ranking, renormalisation and N of ``restrict_local.parquet`` (defaults: the
+    attention ranking, deletion, the smallest N); the layers the head scan looked into
+    are drawn dark. ``Drawn.bars["layers"]``, ``Drawn.data["layers"]``.
+    """
+    ax = style.axes_or_new(ax)
+    rows = _local_rows(local, model, corpus, ranking, renormalize, n)
+    layers = rows[rows["scope"] == "layer"].sort_values("layer")
+    scanned = set(rows.loc[rows["scope"] == "head", "layer"])
+    colors = ["#0072B2" if layer in scanned else "#9ECAE1" for layer in layers["layer"]]
+    drawn = Drawn(ax=ax)
+    drawn.bars["layers"] = ax.bar(layers["layer"].to_numpy(), layers["mean_doc_delta_rel"],
+                                  color=colors, width=0.8)
+    drawn.data["layers"] = layers[["layer", "mean_doc_delta_rel", "delta_nll_rel"]]
+    ax.axhline(0.0, color="#000000", linewidth=0.5)
+    ax.set_xlabel("layer restricted alone")
+    ax.set_ylabel("mean relative NLL increase")
+    r = layers.iloc[0]
+    ax.set_title(f"top-{int(r['n'])} by {r['ranking']} in one layer"
+                 + (", renormalised" if bool(r["renormalize"]) else ""))
+    return drawn
+
+
+@styled
+def fig_restrict_heads(local, *, model=None, corpus=None, ranking=None, renormalize=None,
+                       n=None, ax=None) -> Drawn:
+    """The localised head scan as a layer x head map of each head's mean relative NLL
+    increase (blank: layers the scan did not look into). ``Drawn.data["grid"]``."""
+    ax = style.axes_or_new(ax)
+    rows = _local_rows(local, model, corpus, ranking, renormalize, n)
+    heads = rows[rows["scope"] == "head"]
+    if heads.empty:
+        raise ConfigError("restrict_local: expected head-scope rows (restrict --scope head), "
+                          "got layer rows only")
+    num_layers = int(rows["layer"].max()) + 1
+    frame = heads.assign(layer=heads["layer"].astype(int))
+    grid, _, _ = layer_head_grid(frame, "mean_doc_delta_rel")
+    if grid.shape[0] < num_layers:
+        grid = np.vstack([grid, np.full((num_layers - grid.shape[0], grid.shape[1]), np.nan)])
+    finite = np.abs(grid[np.isfinite(grid)])
+    top = max(float(finite.max()) if finite.size else 1.0, 1e-6)
+    norm = SymLogNorm(linthresh=max(min(1e-3, top / 10), 1e-9), vmin=-top, vmax=top, base=10)
+    image, bar = draw_layer_head_map(ax, grid, cmap="RdBu_r", norm=norm,
+                                     colorbar_label="mean relative NLL increase")
+    r = heads.iloc[0]
+    ax.set_title(f"top-{int(r['n'])} by {r['ranking']} in one head")
+    return Drawn(ax=ax, images=[image], colorbar=bar, data={"grid": grid})
