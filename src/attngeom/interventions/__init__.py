@@ -1,7 +1,7 @@
 """attngeom.interventions: head gates, top-N restriction, rankers and perplexity (method §9).
 
 The names below load lazily from their modules (``gates``, ``restriction``,
-``perplexity``, ``rankers``, ``sweeps``), so importing the package is cheap.
+``perplexity``, ``rankers``, ``sweeps``, ``nstar``), so importing the package is cheap.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ _EXPORTS = {
     "prune_sweep": "sweeps",
     "scan_heads": "sweeps",
     "restrict_sweep": "sweeps",
+    "restrict_local": "sweeps",
+    "search_nstar": "nstar",
+    "bootstrap_nstar": "nstar",
 }
 
 __all__ = sorted(_EXPORTS)
