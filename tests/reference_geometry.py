@@ -30,48 +30,116 @@ undefined, ``valid`` bool of the same shape, ``trivial`` ``(NN,)``, ``nonfinite`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import torch
 
+from attngeom.core.metrics import metric as declared_metric
 from attngeom.core.random_control import row_states, uniform_draws
+from attngeom.names import METRICS
 
 RULES = ("attention", "contribution", "random")
 DISTANCES = ("euclidean", "cosine")
 COSINE_EPS = 1e-12
 
-# Tolerances for fast-vs-reference comparisons, keyed by the input dtype. The fast
-# path computes in float64 whatever the input dtype, so both entries are the same;
-# they stay separate so that a float32 fast path would only need a change here.
-ATOL = {torch.float32: 1e-5, torch.float64: 1e-5}
-
 
 @dataclass
 class ReferenceTopN:
-    """Reference result; the same fields and shapes as the fast path's ``TopNMetrics``."""
+    """Reference result; the same fields and shapes as the fast path's ``TopNMetrics``:
+    every registered metric (``names.METRICS``) by attribute or ``metric(name)``."""
 
-    precision: np.ndarray
-    recall: np.ndarray
-    f_score: np.ndarray
-    margin: np.ndarray
-    inversions: np.ndarray
+    metrics: dict[str, np.ndarray]
     valid: np.ndarray
     trivial: np.ndarray
     nonfinite: np.ndarray
 
+    def metric(self, name: str) -> np.ndarray:
+        return self.metrics[name]
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("_") or name == "metrics":
+            raise AttributeError(name)
+        try:
+            return self.metrics[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
 
 @dataclass
-class RowMetrics:
-    """Metrics of one selected set, before conversion to float."""
+class RowFacts:
+    """One selected set I = order[:n] of a row, with every key's distance: what a metric's
+    reference definition reads. ``dist`` maps each universe key to its distance (exact
+    squares for the Euclidean distance), ``margin_of(rho_min, rho_max)`` turns the two
+    radii into the reported margin."""
 
-    precision: Fraction
-    recall: Fraction
-    f_score: Fraction
-    margin: float
-    inversions: int
+    n: int
+    selected: list[int]
+    rest: list[int]
+    dist: dict
+    margin_of: Callable
+
+    @property
+    def rho_max(self):
+        return max(self.dist[i] for i in self.selected)
+
+    @property
+    def rho_min(self):
+        return min(self.dist[j] for j in self.rest)
+
+    @property
+    def size(self) -> int:
+        """|U|."""
+        return len(self.selected) + len(self.rest)
+
+
+def _outside_close(r: RowFacts) -> int:
+    return sum(1 for j in r.rest if r.dist[j] <= r.rho_max)
+
+
+def _inside_clear(r: RowFacts) -> int:
+    return sum(1 for i in r.selected if r.dist[i] < r.rho_min)
+
+
+def _f_score(r: RowFacts) -> Fraction:
+    p, q = REFERENCE["precision"](r), REFERENCE["recall"](r)
+    return Fraction(0) if p + q == 0 else 2 * p * q / (p + q)
+
+
+# Each metric's definition, written from SPEC 2 by loops over the keys. A metric
+# registered without an entry here fails the reference tests (``MissingReference``).
+REFERENCE: dict[str, Callable[[RowFacts], Fraction | float | int]] = {
+    "precision": lambda r: Fraction(r.n, r.n + _outside_close(r)),
+    "recall": lambda r: Fraction(_inside_clear(r), r.n),
+    "f_score": _f_score,
+    "margin": lambda r: r.margin_of(r.rho_min, r.rho_max),
+    "inversions": lambda r: sum(1 for i in r.selected for j in r.rest
+                                if r.dist[j] <= r.dist[i]),
+}
+
+
+class MissingReference(AssertionError):
+    """A registered metric with no definition in ``REFERENCE``."""
+
+
+class RowMetrics:
+    """Every registered metric of one selected set, before conversion to float."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def reference_value(name: str, facts: RowFacts):
+    """The reference definition of metric ``name`` at one row and N."""
+    if name not in REFERENCE:
+        raise MissingReference(
+            f"metric {name!r} is registered but has no reference definition: add one to "
+            "REFERENCE in tests/reference_geometry.py")
+    return REFERENCE[name](facts)
 
 
 def _as_numpy64(x) -> np.ndarray:
@@ -136,35 +204,14 @@ def order_universe(
 
 
 def metrics_from_distances(order: list[int], n: int, dist: dict, margin_of) -> RowMetrics:
-    """SPEC 2 metrics of I = order[:n] from any totally ordered distances ``dist[u]``.
+    """SPEC 2 metrics (every registered one) of I = order[:n] from any totally ordered
+    distances ``dist[u]``.
 
     ``margin_of(rho_min, rho_max)`` turns the two radii into the reported margin
     (for squared Euclidean distances it takes the square roots).
     """
-    selected = order[:n]
-    rest = order[n:]
-    rho_max = max(dist[i] for i in selected)
-    rho_min = min(dist[j] for j in rest)
-    outside_close = 0
-    for j in rest:
-        if dist[j] <= rho_max:
-            outside_close += 1
-    inside_clear = 0
-    for i in selected:
-        if dist[i] < rho_min:
-            inside_clear += 1
-    inversions = 0
-    for i in selected:
-        for j in rest:
-            if dist[j] <= dist[i]:
-                inversions += 1
-    precision = Fraction(n, n + outside_close)
-    recall = Fraction(inside_clear, n)
-    if precision + recall == 0:
-        f_score = Fraction(0)
-    else:
-        f_score = 2 * precision * recall / (precision + recall)
-    return RowMetrics(precision, recall, f_score, margin_of(rho_min, rho_max), inversions)
+    facts = RowFacts(n, order[:n], order[n:], dist, margin_of)
+    return RowMetrics({name: reference_value(name, facts) for name in METRICS})
 
 
 def euclidean_row(order: list[int], n: int, alpha_row: np.ndarray, values_kv: np.ndarray):
@@ -262,7 +309,7 @@ def reference_topn(
     num_repeats = repeats if rule == "random" else 1
 
     shape = (num_repeats, num_heads, num_queries, len(grid))
-    out = {name: np.full(shape, np.nan) for name in ("p", "r", "f", "m", "inv")}
+    out = {name: np.full(shape, np.nan) for name in METRICS}
     valid = np.zeros(shape, dtype=bool)
     nonfinite = np.zeros((num_heads, num_queries), dtype=bool)
     trivial = np.array([distance == "euclidean" and n == 1 for n in grid], dtype=bool)
@@ -287,25 +334,13 @@ def reference_topn(
                     if not 1 <= n < len(universe):
                         continue
                     res = row_metrics(order, n, alpha_row, values[kv], distance)
-                    out["p"][k, h, q, c] = float(res.precision)
-                    out["r"][k, h, q, c] = float(res.recall)
-                    out["f"][k, h, q, c] = float(res.f_score)
-                    out["m"][k, h, q, c] = res.margin
-                    out["inv"][k, h, q, c] = float(res.inversions)
+                    for name, value in res.values.items():
+                        out[name][k, h, q, c] = float(value)
                     valid[k, h, q, c] = True
-    return ReferenceTopN(
-        precision=out["p"],
-        recall=out["r"],
-        f_score=out["f"],
-        margin=out["m"],
-        inversions=out["inv"],
-        valid=valid,
-        trivial=trivial,
-        nonfinite=nonfinite,
-    )
+    return ReferenceTopN(metrics=out, valid=valid, trivial=trivial, nonfinite=nonfinite)
 
 
-METRIC_FIELDS = ("precision", "recall", "f_score", "margin", "inversions")
+METRIC_FIELDS = tuple(METRICS)  # the metrics registered when the tests were collected
 
 
 def _np(x) -> np.ndarray:
@@ -314,16 +349,17 @@ def _np(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def assert_matches_reference(fast, ref: ReferenceTopN, atol: float = 1e-5) -> None:
-    """Fast result equals the reference: shapes, flags, NaN pattern, values (inversions exact)."""
+def assert_matches_reference(fast, ref: ReferenceTopN) -> None:
+    """Fast result equals the reference: shapes, flags, NaN pattern, and every registered
+    metric within the tolerance its declaration gives (``Metric.tolerance``)."""
     for name in ("valid", "trivial", "nonfinite"):
         got, want = _np(getattr(fast, name)), getattr(ref, name)
         assert got.dtype == np.bool_, f"{name}: expected bool, got {got.dtype}"
         assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
         mismatch = np.argwhere(got != want)
         assert mismatch.size == 0, f"{name} differs at {mismatch[:5].tolist()}: got {got}"
-    for name in METRIC_FIELDS:
-        got, want = _np(getattr(fast, name)), getattr(ref, name)
+    for name in METRICS:
+        got, want = _np(fast.metric(name)), ref.metric(name)
         assert got.dtype == np.float64, f"{name}: expected float64, got {got.dtype}"
         assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
         nan_diff = np.argwhere(np.isnan(got) != np.isnan(want))
@@ -332,7 +368,7 @@ def assert_matches_reference(fast, ref: ReferenceTopN, atol: float = 1e-5) -> No
         )
         both = ~np.isnan(want)
         assert np.array_equal(np.isnan(want), ~ref.valid), f"reference {name} NaN != ~valid"
-        tol = 0.0 if name == "inversions" else atol
+        tol = declared_metric(name).tolerance
         bad = np.argwhere(both & ~(np.abs(got - want) <= tol))
         assert bad.size == 0, (
             f"{name} differs at (k, h, q, n) {bad[:5].tolist()}: "

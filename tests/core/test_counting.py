@@ -17,6 +17,16 @@ from hypothesis import strategies as st
 from attngeom.core import kernels
 from attngeom.core.kernels import count_metrics, count_metrics_fused
 
+COUNTS = ("cmin", "cmax", "intruders", "clears", "inversions")
+
+
+def _flat(counts) -> tuple:
+    """The kernels' (counts, counts with key 0 dropped) as one tuple: the five counts,
+    then (with key 0 dropped) its cmax, intruders, clears and inversions."""
+    own, off = counts
+    assert set(own) == set(COUNTS) and (off is None or set(off) == set(COUNTS))
+    return (*(own[n] for n in COUNTS), *(() if off is None else (off[n] for n in COUNTS[1:])))
+
 
 def _reference(close, universe, top, grid):
     """Counts of each (row, N) by plain Python loops over the keys."""
@@ -65,9 +75,8 @@ def test_eager_and_fused_counts_match_the_definitions(seed, r, t, grid, levels, 
     ok = _valid(universe, grid)
     for fn in (count_metrics, count_metrics_fused):
         with mock.patch.object(kernels, "_COMPARED_AT_ONCE", at_once):
-            got = fn(close, universe, top, grid)
-        for name, want, have in zip(("cmin", "cmax", "intruders", "clears", "inversions"),
-                                    ref, got, strict=True):
+            got = _flat(fn(close, universe, top, grid))
+        for name, want, have in zip(COUNTS, ref, got, strict=True):
             assert torch.equal(have[ok], want[ok]), (fn.__name__, name)
 
 
@@ -88,12 +97,11 @@ def test_counts_with_key_0_dropped_are_those_of_the_universe_without_it(
                        top.shape[-1]).amin(-1, keepdim=True)
     ok = _valid(without, grid) & (slot >= torch.tensor(grid)[None, :])
     for fn in (count_metrics, count_metrics_fused):
-        got = fn(close, universe, top, grid, True)
+        got = _flat(fn(close, universe, top, grid, True))
         assert len(got) == 9
-        for have, plain in zip(got[:5], fn(close, universe, top, grid), strict=True):
+        for have, plain in zip(got[:5], _flat(fn(close, universe, top, grid)), strict=True):
             assert torch.equal(have, plain), fn.__name__  # the full counts unchanged
-        for name, w, have in zip(("cmin", "cmax", "intruders", "clears", "inversions"),
-                                 want, (got[0], *got[5:]), strict=True):
+        for name, w, have in zip(COUNTS, want, (got[0], *got[5:]), strict=True):
             assert torch.equal(have[ok], w[ok]), (fn.__name__, name)
 
 
@@ -102,9 +110,9 @@ def test_compiled_counting_equals_eager():
     grid = (1, 2, 4, 8, 16, 32, 40)
     close, universe, top = _rows(7, 12, 300, grid, 50)
     for drop in (False, True):
-        want = count_metrics(close, universe, top, grid, drop)
+        want = _flat(count_metrics(close, universe, top, grid, drop))
         with kernels.compiling(True):
-            got = kernels.counting()(close, universe, top, grid, drop)
+            got = _flat(kernels.counting()(close, universe, top, grid, drop))
         assert not kernels._STATE["broken"]
         for w, g in zip(want, got, strict=True):
             assert torch.equal(w, g)
@@ -127,10 +135,11 @@ def test_compiled_euclidean_counting_equals_plain():
     top = order[:, : max(grid)].contiguous()
     close = kernels.euclidean_close(inner, alpha, sq).reshape(g * m, len(grid), t)
     for drop in (False, True):
-        want = count_metrics(close, universe, top, grid, drop)
-        plain = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid, drop)
+        want = _flat(count_metrics(close, universe, top, grid, drop))
+        plain = _flat(kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid, drop))
         with kernels.compiling(True):
-            got = kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid, drop)
+            got = _flat(kernels.counting_euclidean()(inner, alpha, sq, universe, top, grid,
+                                                     drop))
         assert not kernels._STATE["broken"]
         for w, p, c in zip(want, plain, got, strict=True):
             assert torch.equal(w, p) and torch.equal(w, c)
@@ -229,10 +238,10 @@ def test_blocks_stop_at_each_n_also_against_infinite_scores():
     want = _reference(close, universe, top, grid)
     for at_once in (1, 150, 2**21):
         with mock.patch.object(kernels, "_COMPARED_AT_ONCE", at_once):
-            got = count_metrics(close, universe, top, grid)
+            got = _flat(count_metrics(close, universe, top, grid))
         for w, g in zip(want, got, strict=True):
             assert torch.equal(w, g), at_once
-    for w, g in zip(want, count_metrics_fused(close, universe, top, grid), strict=True):
+    for w, g in zip(want, _flat(count_metrics_fused(close, universe, top, grid)), strict=True):
         assert torch.equal(w, g)
 
 
@@ -257,7 +266,7 @@ def test_plain_counting_in_row_blocks_equals_one_call(seed, distance, budget):
     counted in blocks sized by the byte budget) gives the counts and extremes of one
     counting call over scores computed apart, for both distances and any block size."""
     from attngeom.core.batch import ValueStats
-    from attngeom.core.geometry import COSINE_EPS, _counts_in_blocks
+    from attngeom.core.exact_counts import COSINE_EPS, _counts_in_blocks
 
     gen = torch.Generator().manual_seed(seed)
     g, m, t, grid = 2, 7, 61, (1, 2, 5, 16)
@@ -279,11 +288,12 @@ def test_plain_counting_in_row_blocks_equals_one_call(seed, distance, budget):
         sq_norms = None
         close = (a * inner) / (a * stats.norms[:, None, None, :]
                                * s2.clamp_min(0).sqrt()[..., None] + COSINE_EPS)
-    want = count_metrics(close.reshape(g * m, len(grid), t), universe.reshape(g * m, t),
-                         top.reshape(g * m, -1), grid, True)
+    want = _flat(count_metrics(close.reshape(g * m, len(grid), t),
+                               universe.reshape(g * m, t), top.reshape(g * m, -1), grid, True))
     buf = inner.clone()
     with kernels.compiling(False), kernels.temporaries(budget):
-        got = _counts_in_blocks(buf, s2, alpha, universe, top, stats, grid, distance, True)
+        got = _flat(_counts_in_blocks(buf, s2, alpha, universe, top, stats, grid, distance,
+                                      True))
     assert sq_norms is None or torch.equal(buf, close)  # the scores went into the buffer
     for w, x in zip(want, got, strict=True):
         assert torch.equal(w.reshape(g, m, len(grid)), x), seed

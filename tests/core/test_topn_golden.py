@@ -23,6 +23,8 @@ try:
 except ImportError:  # tests/ itself is on sys.path when it is not a package
     from reference_geometry import reference_topn
 
+from attngeom.names import METRICS  # noqa: E402
+
 NAN = math.nan
 IMPLEMENTATIONS = ["reference", "direct", "gram"]
 
@@ -35,7 +37,7 @@ def run(impl: str, alpha, values, n_grid, **kwargs):
         from attngeom.core.geometry import topn_metrics
 
         res = topn_metrics(alpha, values, n_grid, path=impl, **kwargs)
-    fields = ("precision", "recall", "f_score", "margin", "inversions", "valid", "trivial")
+    fields = (*METRICS, "valid", "trivial")
     out = {name: np.asarray(torch.as_tensor(getattr(res, name)).numpy()) for name in fields}
     out["nonfinite"] = np.asarray(torch.as_tensor(res.nonfinite).numpy())
     return out
@@ -301,8 +303,7 @@ def test_nonfinite_row_is_skipped_alone(impl, bad):
         "margin": [2 / 16, 0, -10 / 16],
         "inversions": [0, 1, 4],
     })
-    check_row(out, {name: [NAN] * 3 for name in
-                    ("precision", "recall", "f_score", "margin", "inversions")}, h=1)
+    check_row(out, {name: [NAN] * 3 for name in METRICS}, h=1)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -315,7 +315,7 @@ class TopNAccumulator(Accumulator):
         """Tables ``metrics`` (per window, layer, head, rule, variant, distance, n) and
         ``sink_effect`` (per window, layer, head, n), as numpy columns."""
         grid = np.asarray(self.config.n_grid, dtype=np.int64)
-        metrics: dict[str, list] = {c: [] for c in _METRIC_TABLE}
+        metrics: dict[str, list] = {c: [] for c in _metric_table()}
         for (window, layer, rule, variant, distance), cell in sorted(self.cells.items()):
             h, nn = cell.counts.shape
             size = h * nn
@@ -338,7 +338,7 @@ class TopNAccumulator(Accumulator):
                     cols[name] = _ratio(cell.sums[name], cell.bound_counts).numpy().reshape(-1)
                 else:
                     cols[name] = np.full(size, np.nan)
-            for name in _METRIC_TABLE:
+            for name in _metric_table():
                 metrics[name].append(cols[name])
         effect: dict[str, list] = {c: [] for c in _EFFECT_TABLE}
         for (window, layer), parts in sorted(self.sink_effect.items()):
@@ -363,10 +363,13 @@ class TopNAccumulator(Accumulator):
         return self.config.repeats if rule == "random" else 1
 
 
-_METRIC_TABLE = (
-    "window", "layer", "head", "rule", "variant", "distance", "n", *METRICS,
-    "n_queries", "n_skipped", "trivial", *BOUND_COLUMNS,
-)
+def _metric_table() -> tuple[str, ...]:
+    """The metrics table's columns; read when the table is made, so that a metric
+    registered at run time (``core/metrics.py``) has its column."""
+    return ("window", "layer", "head", "rule", "variant", "distance", "n", *METRICS,
+            "n_queries", "n_skipped", "trivial", *BOUND_COLUMNS)
+
+
 _EFFECT_TABLE = (
     "window", "layer", "head", "n", *SINK_EFFECT_COLUMNS, "n_sink_selected", "n_sink_unselected",
 )

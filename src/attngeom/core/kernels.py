@@ -29,6 +29,12 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from attngeom.core.metrics import KeyScores
+
+# the counts of rows by name, and the same with key 0 out of the universe (or None)
+Counts = tuple[dict[str, Tensor], dict[str, Tensor] | None]
+PerKey = tuple[tuple[str, Callable[[KeyScores], Tensor]], ...]  # (name, count) pairs
+
 _STATE = {"enabled": os.environ.get("ATTNGEOM_COMPILE", "") in ("1", "on", "true"),
           "broken": False, "seconds": 0.0, "temp_bytes": None, "windows": 1}
 _CACHE: dict[tuple[Callable, bool], Callable] = {}  # (fn, cpu_only) -> wrapper
@@ -229,19 +235,20 @@ _COMPARED_AT_ONCE = 2**16
 
 
 def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
-                  drop_first: bool = False) -> tuple[Tensor, ...]:
-    """The exact counts behind Precision, Recall and the inversions, per row and N.
+                  drop_first: bool = False, per_key: PerKey = ()) -> Counts:
+    """The exact counts behind the metrics (``core/metrics.py``), per row and N.
 
     ``close`` (R, NN, T) closeness scores (larger = nearer the aggregate),
     ``universe`` (R, T) bool, ``top`` (R, N_max) the first N_max keys in rule order,
-    ``grid`` the N of each of the NN columns. Returns, each (R, NN): the smallest
-    selected score, the largest unselected score, the number of unselected keys at
-    least as close as the farthest selected one, the number of selected keys closer
-    than every unselected one, and the inversion pairs (i selected, j unselected,
-    close[j] >= close[i]). With ``drop_first`` four more follow: the largest unselected
-    score, intruders, clear keys and inversions with key 0 taken out of the universe
-    (the sink-excluded universe's counts of a row whose selection does not hold key 0;
-    meaningless where it does).
+    ``grid`` the N of each of the NN columns. Returns a dict of (R, NN) tensors: the
+    smallest selected score (``cmin``), the largest unselected score (``cmax``), the
+    number of unselected keys at least as close as the farthest selected one
+    (``intruders``), the number of selected keys closer than every unselected one
+    (``clears``), the inversion pairs (i selected, j unselected, close[j] >= close[i]),
+    and the count of each (name, function) of ``per_key`` (the per-key metrics'
+    ``count``, given the :class:`KeyScores`). With ``drop_first`` a second dict holds
+    the same with key 0 taken out of the universe (the sink-excluded universe's counts
+    of a row whose selection does not hold key 0; meaningless where it does), else None.
 
     This is the eager version: each selected key i counts its inversions,
     #{j unselected: close[j] >= close[i]}, in one comparison pass (no (R, N, T)
@@ -267,11 +274,11 @@ def count_metrics(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[i
             ordered = torch.sort(thresholds[:, c, :k], dim=-1).values
             count = torch.searchsorted(ordered, u.contiguous(), right=True).sum(-1)
         inversions.append(count)
-    return _with_dropped(counts, torch.stack(inversions, -1), dropped)
+    return _named(counts, torch.stack(inversions, -1), dropped, unsel, thresholds, per_key)
 
 
 def count_metrics_fused(close: Tensor, universe: Tensor, top: Tensor, grid: Sequence[int],
-                        drop_first: bool = False) -> tuple[Tensor, ...]:
+                        drop_first: bool = False, per_key: PerKey = ()) -> Counts:
     """``count_metrics`` written as one broadcast comparison per N, (R, N, T), which the
     compiler turns into a single loop with no temporary (about 4x faster than the eager
     version on CPU, and a small graph: seconds to compile). Eager, it would materialise
@@ -282,17 +289,29 @@ def count_metrics_fused(close: Tensor, universe: Tensor, top: Tensor, grid: Sequ
     for c, n in enumerate(grid):
         k = min(int(n), top.shape[-1])
         inversions.append((unsel[:, c, None, :] >= thresholds[:, c, :k, None]).sum((1, 2)))
-    return _with_dropped(counts, torch.stack(inversions, -1), dropped)
+    return _named(counts, torch.stack(inversions, -1), dropped, unsel, thresholds, per_key)
 
 
-def _with_dropped(counts: tuple, inversions: Tensor, dropped: tuple | None) -> tuple:
-    """The counts in their returned order; with key 0 dropped, its four after them."""
+def _named(counts: tuple, inversions: Tensor, dropped: tuple | None, unsel: Tensor,
+           thresholds: Tensor, per_key: PerKey) -> Counts:
+    """The counts by name, the per-key metrics' with them; with key 0 dropped, a second
+    dict of the same names (``cmin`` unchanged: key 0 is unselected there)."""
     cmin, cmax, intruders, clears = counts
+    own = {"cmin": cmin, "cmax": cmax, "intruders": intruders, "clears": clears,
+           "inversions": inversions}
+    for name, count in per_key:
+        own[name] = count(KeyScores(unsel, thresholds, cmin, cmax))
     if dropped is None:
-        return cmin, cmax, intruders, clears, inversions
+        return own, None
     cmax0, intruders0, clears0, first_inversions = dropped
-    return (cmin, cmax, intruders, clears, inversions,
-            cmax0, intruders0, clears0, inversions - first_inversions)
+    off = {"cmin": cmin, "cmax": cmax0, "intruders": intruders0, "clears": clears0,
+           "inversions": inversions - first_inversions}
+    if per_key:  # key 0 out of the universe: its score -inf, like a key outside it
+        keys = torch.arange(unsel.shape[-1], device=unsel.device)
+        unsel0 = torch.where(keys == 0, -float("inf"), unsel)
+        for name, count in per_key:
+            off[name] = count(KeyScores(unsel0, thresholds, cmin, cmax0))
+    return own, off
 
 
 def counting() -> Callable:
@@ -313,16 +332,19 @@ def euclidean_close(inner: Tensor, alpha: Tensor, sq_norms: Tensor, *,
 
 
 def count_euclidean_fused(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
-                          top: Tensor, grid: Sequence[int], drop_first: bool = False):
+                          top: Tensor, grid: Sequence[int], drop_first: bool = False,
+                          per_key: PerKey = ()) -> Counts:
     """``count_metrics_fused`` of ``euclidean_close``: compiled (``compiled_float``), the
     scores are computed inside the counting loops and never stored."""
     return count_metrics_fused(_close_rows(inner, alpha, sq_norms), universe, top, grid,
-                               drop_first)
+                               drop_first, per_key)
 
 
 def _count_euclidean_plain(inner: Tensor, alpha: Tensor, sq_norms: Tensor, universe: Tensor,
-                           top: Tensor, grid: Sequence[int], drop_first: bool = False):
-    return counting()(_close_rows(inner, alpha, sq_norms), universe, top, grid, drop_first)
+                           top: Tensor, grid: Sequence[int], drop_first: bool = False,
+                           per_key: PerKey = ()) -> Counts:
+    return counting()(_close_rows(inner, alpha, sq_norms), universe, top, grid, drop_first,
+                      per_key)
 
 
 def _close_rows(inner: Tensor, alpha: Tensor, sq_norms: Tensor) -> Tensor:
