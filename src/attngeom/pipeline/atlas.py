@@ -25,6 +25,7 @@ their random control).
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,9 +38,9 @@ from attngeom.capture import capture_attention, input_device
 from attngeom.core import head_scores as hs
 from attngeom.core.agreement import cohens_kappa
 from attngeom.errors import ConfigError
+from attngeom.names import REGIMES
 
 CUE = " The secret code is"
-REGIMES = ("Retriever", "Mixer", "Reset")
 NO_TYPE = "(none)"
 
 
@@ -232,6 +233,9 @@ def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: f
     (at least ``recovered_share`` of the needle's tokens among the generated ones), the
     number of recovered trials and each trial's outcome."""
     device = input_device(model)
+    # transformers 5 names the key-value cache ``cache``; before, ``past_key_values``
+    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                 else "past_key_values")
     total: torch.Tensor | None = None
     outcomes = []
     for trial in trials:
@@ -247,8 +251,8 @@ def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: f
             # row (one row of H x T), then test it against the chosen token
             rows: list = []
             with capture_attention(model, rows.append, query_rows=[-1]):
-                out = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+                out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+            past = getattr(out, cache_arg)
             g = int(out.logits[0, -1].argmax())
             rows.sort(key=lambda cap: cap.layer)
             hits = torch.stack([
