@@ -10,7 +10,12 @@ in base64, with the exact float64 radii and metrics beside them as numbers. Roun
 is monotone, so a key with D <= rho_max keeps q(D) <= q(rho_max): the circles stay
 exact in the drawing. Which keys are intruders or stragglers is stored as bits,
 computed from the exact scores, not re-derived from the rounded radii. The keys not
-drawn one by one (long contexts) are a 40-bin histogram of their radii per N.
+drawn one by one (long contexts) are a histogram of their radii per N: 40 bins across
+the *band* around the circles (rho_max, rho_min and, Euclidean, ||s_N||, padded by
+three quarters of their spread or 1% of the picture), and a count below and above it.
+The page's "zoom" maps the band onto most of the picture, piecewise linearly (so
+still monotone: the circles keep every key on its side); real heads put almost every
+key within a hair of ||s_N||, which the linear picture cannot separate.
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ def _nums(xs) -> list:
     return [_num(x) for x in np.asarray(xs, dtype=np.float64).tolist()]
 
 
+def _band_histogram(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Counts below ``lo``, in ``REST_BINS`` equal bins of [lo, hi], and above ``hi``."""
+    inside = (values >= lo) & (values <= hi)
+    counts = np.histogram(values[inside], bins=REST_BINS, range=(lo, max(hi, lo + 1)))[0]
+    return np.concatenate([[int((values < lo).sum())], counts, [int((values > hi).sum())]])
+
+
 def view_payload(view: HeadView, seq: str) -> dict:
     """What the page needs of one ``HeadView`` (every ranking and distance it holds)."""
     shown = view.shown
@@ -68,14 +80,26 @@ def view_payload(view: HeadView, seq: str) -> dict:
         def q(x, scale=scale):
             return np.clip(np.round(np.asarray(x, np.float64) / scale * LEVELS), 0, LEVELS)
 
-        hist = np.stack([np.histogram(q(geo.distances[i, rest]), bins=REST_BINS,
-                                      range=(0, LEVELS + 1))[0] if rest.size else
-                         np.zeros(REST_BINS, np.int64) for i in range(geo.ns.size)])
+        radius_q = q(geo.distances[:, shown])
+        rest_q = q(geo.distances[:, rest]) if rest.size else np.zeros((geo.ns.size, 0))
+        circles = [q(geo.rho_max), q(geo.rho_min)]
+        if dist == "euclidean":
+            circles.append(q(geo.aggregate_norm))
+        ext = np.max(np.stack([radius_q.max(1), *circles, q(out_d), q(ghost_d),
+                               rest_q.max(1) if rest.size else circles[0]]), 0)
+        lo, hi = np.min(np.stack(circles), 0), np.max(np.stack(circles), 0)
+        pad = np.maximum((hi - lo) * 0.75, ext * 0.01)
+        band_lo = np.floor(np.maximum(lo - pad, 0))
+        band_hi = np.ceil(np.minimum(hi + pad, ext))
+        hist = np.stack([_band_histogram(rest_q[i], band_lo[i], band_hi[i])
+                         for i in range(geo.ns.size)])
         offenders = (geo.intruders | geo.stragglers)[:, shown]
         views[f"{rule}|{dist}"] = {
             "order": geo.order.tolist(),
             "scale": _num(scale),
-            "radius": _b64(q(geo.distances[:, shown]), "<u2"),
+            "radius": _b64(radius_q, "<u2"),
+            "ext_q": ext.astype(int).tolist(),
+            "band_q": np.stack([band_lo, band_hi], 1).astype(int).tolist(),
             "offenders": _bits(offenders),
             "rho_max_q": q(geo.rho_max).astype(int).tolist(),
             "rho_min_q": q(geo.rho_min).astype(int).tolist(),

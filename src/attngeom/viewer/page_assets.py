@@ -30,7 +30,8 @@ h1 { font-size: 17px; margin: 0 0 2px; }
                 background: #fff; border-radius: 3px; cursor: pointer; }
 .gridn button.on { background: var(--sel); color: #fff; border-color: var(--sel); }
 .main { display: flex; flex-wrap: wrap; gap: 18px; margin-top: 12px; }
-#geom { border: 1px solid var(--line); border-radius: 6px; background: #fff; }
+#geom { border: 1px solid var(--line); border-radius: 6px; background: #fff; flex: none;
+        width: 600px; height: 600px; }
 .side { min-width: 300px; max-width: 420px; flex: 1; }
 table.m { border-collapse: collapse; width: 100%; margin-bottom: 8px; }
 table.m td, table.m th { padding: 2px 6px; border-bottom: 1px solid var(--line); text-align: left; }
@@ -61,7 +62,7 @@ SCRIPT = r"""
 "use strict";
 const DATA = JSON.parse(document.getElementById("attngeom-data").textContent);
 const LEVELS = 65535, BINS = 40, BARS = 24;
-const state = { pair: 0, ni: 0, ranking: "attention", distance: "euclidean" };
+const state = { pair: 0, ni: 0, ranking: "attention", distance: "euclidean", zoom: true };
 const cache = {};
 let hits = [];
 
@@ -149,6 +150,13 @@ function build() {
   ns.appendChild(slider); ns.appendChild(el("span", { id: "n-value" }, ""));
   c.appendChild(ns);
   c.appendChild(el("span", { class: "gridn", id: "gridn" }));
+  const zl = el("label", { title: "map the band around the circles onto most of the " +
+    "picture (piecewise linear, so every key stays on its side of each circle)" });
+  const zoom = el("input", { type: "checkbox", id: "zoom" });
+  zoom.checked = state.zoom;
+  zoom.addEventListener("change", () => { state.zoom = zoom.checked; draw(); });
+  zl.appendChild(zoom); zl.appendChild(document.createTextNode(" zoom on the circles"));
+  c.appendChild(zl);
   body.appendChild(c);
   const main = el("div", { class: "main" });
   main.appendChild(el("canvas", { id: "geom", width: 600, height: 600 }));
@@ -241,30 +249,42 @@ function draw() {
   const ni = state.ni, N = p.ns[ni], S = d.S;
   const rad = V.radius.subarray(ni * S, (ni + 1) * S);
   const stride = Math.ceil(S / 8);
-  let ext = Math.max(v.rho_max_q[ni], v.rho_min_q[ni], v.z_q[ni], v.ghost_q[ni], 1);
-  if (v.snorm_q) ext = Math.max(ext, v.snorm_q[ni]);
-  for (let j = 0; j < S; j++) ext = Math.max(ext, rad[j]);
+  const ext = Math.max(v.ext_q[ni], 1) * 1.04;
+  const [lo, hi] = v.band_q[ni];
   const canvas = document.getElementById("geom"), ctx = canvas.getContext("2d");
   const W = canvas.width, H = canvas.height, cx = W / 2, cy = H / 2;
-  const f = (Math.min(W, H) / 2 - 14) / (ext * 1.04);
+  const R = Math.min(W, H) / 2 - 14;
+  const zoomed = state.zoom && hi > lo;
+  const A = zoomed && lo > 0 ? 0.3 * R : 0, B = 0.92 * R;
+  const f = q => {  // stored radius (0..LEVELS) -> pixels; monotone either way
+    if (!zoomed) return q / ext * R;
+    if (q <= lo) return lo > 0 ? q / lo * A : A;
+    if (q <= hi) return A + (q - lo) / (hi - lo) * (B - A);
+    return ext > hi ? B + (q - hi) / (ext - hi) * (R - B) : B;
+  };
   ctx.clearRect(0, 0, W, H);
   ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
   if (V.hist) {
-    const h = V.hist.subarray(ni * BINS, (ni + 1) * BINS);
+    const h = V.hist.subarray(ni * (BINS + 2), (ni + 1) * (BINS + 2));
     let top = 1; for (const c of h) top = Math.max(top, c);
-    const w = (LEVELS + 1) / BINS;
-    for (let b = 0; b < BINS; b++) if (h[b]) ring(ctx, cx, cy, b * w * f, (b + 1) * w * f,
+    const edges = [0, lo];
+    for (let b = 1; b <= BINS; b++) edges.push(lo + b * (hi - lo) / BINS);
+    edges.push(ext);
+    for (let b = 0; b < BINS + 2; b++) if (h[b]) ring(ctx, cx, cy, f(edges[b]), f(edges[b + 1]),
       "rgba(130,130,130," + (0.1 + 0.45 * h[b] / top).toFixed(3) + ")");
   }
-  if (v.snorm_q) circle(ctx, cx, cy, v.snorm_q[ni] * f, "#8c8c8c", 1, [2, 3]);
-  const rmax = v.rho_max_q[ni] * f, rmin = v.rho_min_q[ni] * f;
+  if (zoomed) {
+    for (const q of [lo, hi]) circle(ctx, cx, cy, f(q), "#d0d0d0", 1, [1, 4]);
+  }
+  if (v.snorm_q) circle(ctx, cx, cy, f(v.snorm_q[ni]), "#8c8c8c", 1, [2, 3]);
+  const rmax = f(v.rho_max_q[ni]), rmin = f(v.rho_min_q[ni]);
   circle(ctx, cx, cy, rmax, "#0072B2", 2);
   circle(ctx, cx, cy, rmin, "#009E73", 2, [7, 4]);
   hits = [];
   const pts = [];
   let nsel = 0;
   for (let j = 0; j < S; j++) {
-    const pos = d.shownPos[j], r = rad[j] * f, a = d.angle[j];
+    const pos = d.shownPos[j], r = f(rad[j]), a = d.angle[j];
     const x = cx + r * Math.cos(a), y = cy - r * Math.sin(a);
     const rk = V.rank.get(pos), gk = G.rank.get(pos);
     const sel = rk !== undefined && rk < N;
@@ -299,16 +319,21 @@ function draw() {
     if (fill) { ctx.fillStyle = fill; ctx.fill(); }
     if (stroke) { ctx.strokeStyle = stroke; ctx.lineWidth = 1.3; ctx.stroke(); }
   };
-  diamond(v.z_q[ni] * f, p.z_angle, "#CC79A7", null);
-  diamond(v.ghost_q[ni] * f, G.g.angle[ni], null, "#6e6e6e");
+  diamond(f(v.z_q[ni]), p.z_angle, "#CC79A7", null);
+  diamond(f(v.ghost_q[ni]), G.g.angle[ni], null, "#6e6e6e");
   ctx.strokeStyle = "#000"; ctx.lineWidth = 1.6;
   ctx.beginPath(); ctx.moveTo(cx - 8, cy); ctx.lineTo(cx + 8, cy); ctx.moveTo(cx, cy - 8); ctx.lineTo(cx, cy + 8); ctx.stroke();
   ctx.fillStyle = "#333"; ctx.font = "12px system-ui, sans-serif";
   ctx.fillText("s_N (N = " + N + ")", cx + 10, cy - 10);
-  ctx.fillText(state.distance + " distance, scale: edge = " + fmt(ext * 1.04 / LEVELS * v.scale), 10, H - 10);
+  const unit = q => fmt(q / LEVELS * v.scale, 4);
+  ctx.fillText(state.distance + " D, edge " + unit(ext) + (zoomed ? "; zoomed: D in [" +
+    unit(lo) + ", " + unit(hi) + "] (dotted) spans most of the radius" : "; linear"),
+    8, H - 8);
   canvas.dataset.n = String(N);
   canvas.dataset.rhoMaxPx = rmax.toFixed(3);
   canvas.dataset.rhoMinPx = rmin.toFixed(3);
+  canvas.dataset.rhoMax = String(v.rho_max[ni]);
+  canvas.dataset.rhoMin = String(v.rho_min[ni]);
   canvas.dataset.selected = String(nsel);
   canvas.dataset.view = key;
   document.getElementById("n-value").textContent = "N = " + N;
