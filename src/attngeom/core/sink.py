@@ -58,9 +58,9 @@ the kept shares by concatenation, so a merge of shards equals one run.
 
 Position 0 gets its own line per head, computed the same way whatever its token (its
 occurrences are windows; it is the sink by construction, so its ``detected`` tests the
-share alone, as before recurrence was required), and so does every id of ``report_ids`` (the special tokens:
-BOS, [SEP], separators are the usual suspects) that occurred, detected or not, so their
-numbers are on record either way.
+share alone, as before recurrence was required), and so does every id of
+``report_ids`` (the special tokens: BOS, [SEP], separators are the usual suspects) that
+occurred, detected or not, so their numbers are on record either way.
 """
 
 from __future__ import annotations
