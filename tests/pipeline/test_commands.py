@@ -47,7 +47,9 @@ def test_compare_agreement_and_confusion(two_runs, capsys) -> None:
     assert cmp.agreement == pytest.approx(same)
     assert cmp.n_heads == 40 and int(cmp.confusion.to_numpy().sum()) == 40
     assert main(["compare", str(a.out_dir), str(b.out_dir)]) == 0
-    assert "Cohen's kappa" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Cohen's kappa" in out
+    assert out.startswith("caveat: a run of only 2 windows")  # two windows a run
 
 
 def test_compare_refuses_runs_without_taxonomy_or_of_other_models(two_runs, tmp_path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from attngeom.errors import RunDirError
 from attngeom.names import STABLE
 
+FEW_WINDOWS = 10  # below this many windows a run's labels are read with a caveat
+
 
 @dataclass
 class Comparison:
@@ -27,6 +29,7 @@ class Comparison:
     stable_agreement: float = float("nan")
     n_stable: int = 0
     stability_threshold: float = 0.8
+    windows: tuple = ()  # windows of each run (where its manifest says)
 
     def __str__(self) -> str:
         kappa = (f"{self.kappa:.3f}" if self.kappa == self.kappa
@@ -35,6 +38,12 @@ class Comparison:
             f"heads compared: {self.n_heads} (excluded: {self.excluded})",
             f"same regime: {self.agreement:.1%}   Cohen's kappa: {kappa}",
         ]
+        few = [n for n in self.windows if n is not None and n < FEW_WINDOWS]
+        if few:
+            lines.insert(0, f"caveat: a run of only {min(few)} window"
+                         f"{'s' if min(few) != 1 else ''}: its labels, and so the agreement "
+                         "and kappa, can change with more windows (kappa below 0 is less "
+                         "agreement than chance)")
         if "stability_a" in self.merged.columns:
             sa, sb = self.merged["stability_a"], self.merged["stability_b"]
             stable = (f"{self.stable_agreement:.1%}" if self.n_stable else "no such head")
@@ -91,7 +100,13 @@ def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
         agreement=float(agr.agreement), kappa=float(agr.kappa), n_heads=int(agr.n_heads),
         excluded=int(agr.n_excluded), confusion=confusion, merged=merged,
         stable_agreement=stable_agreement, n_stable=n_stable, stability_threshold=STABLE,
+        windows=(_windows(ma), _windows(mb)),
     )
+
+
+def _windows(manifest: dict) -> int | None:
+    n = manifest.get("counts", {}).get("windows", manifest.get("corpus", {}).get("n_windows"))
+    return None if n is None else int(n)
 
 
 def _run_name(manifest: dict, run) -> str:
