@@ -94,7 +94,8 @@ class Metric:
     ``exact``: the value is a function of exact counts alone (equal bit for bit however
     the rows are chunked or computed), else (a ratio of rounded inner products, e.g.
     the margin) it may move in its last bits; ``cosine``: defined for the cosine
-    distance (else NaN there). ``label`` is the figures' axis label.
+    distance (else NaN there). (The figures' axis labels are theirs:
+    ``figures/style.METRIC_LABELS``, where a metric without one is shown by its name.)
     """
 
     name: str
@@ -104,7 +105,6 @@ class Metric:
     exact: bool = True
     cosine: bool = True
     count: Callable[[KeyScores], Tensor] | None = None
-    label: str = ""
     doc: str = ""
 
 
@@ -145,14 +145,13 @@ def inversions(c: RowCounts) -> Tensor:
 
 
 BUILT_IN = (
-    Metric("precision", precision, label=r"precision $P_N$"),
-    Metric("recall", recall, label=r"recall $R_N$"),
-    Metric("f_score", f_score, tolerance=1e-12, label=r"$F_N$"),
+    Metric("precision", precision, doc=precision.__doc__),
+    Metric("recall", recall, doc=recall.__doc__),
+    Metric("f_score", f_score, tolerance=1e-12, doc=f_score.__doc__),
     # the reference's margin is sqrt(rho_min^2) - sqrt(rho_max^2) from exact squares;
     # the fast one a ratio of rounded inner products
-    Metric("margin", margin, kind="signed", tolerance=1e-5, exact=False,
-           label=r"margin $\gamma_N$"),
-    Metric("inversions", inversions, kind="count", label="inversions"),
+    Metric("margin", margin, kind="signed", tolerance=1e-5, exact=False, doc=margin.__doc__),
+    Metric("inversions", inversions, kind="count", doc=inversions.__doc__),
 )
 
 _REGISTRY: dict[str, Metric] = {}
