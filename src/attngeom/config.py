@@ -326,8 +326,12 @@ class AnalysisConfig(RunConfig):
 class _InterventionConfig(RunConfig):
     """What the perplexity-based commands share: evaluation windows and their batch."""
 
-    window_length: int = option(128, help="tokens per window (T), special tokens included")
-    batch_size: int = option(8, help="windows per forward pass", fingerprint=False)
+    window_length: int = option(128, help="tokens per window (T), special tokens included; "
+                                "shorter than analyze's 256 because these commands run a "
+                                "forward pass per setting (per head for scan-heads)")
+    batch_size: int = option(8, help="windows per forward pass; larger than analyze's 4, "
+                             "which keeps every layer's attention rows of a batch",
+                             fingerprint=False)
     n_eval_windows: int = option(8, help="held-out windows the NLL is measured on")
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from attngeom.pipeline.analyses import AnalysisContext, AnalysisSet
+from attngeom.pipeline.progress import say
 from attngeom.pipeline.runner import Command, RunContext, units_of
 from attngeom.pipeline.stream import StreamStats, grid_report, stream_windows
 
@@ -44,6 +45,10 @@ def analyze_windows(ctx: RunContext, config, windows, *, stage: str = "analyze",
         analyses.merge_items(payload["accumulators"])
         total.add(payload["stream"])
     t = time.perf_counter()
+    boot = getattr(config, "bootstrap", 0)
+    say(ctx.progress if ctx.dist.is_main else False,
+        f"{desc}: aggregating the tables"
+        + (f" ({boot} window-bootstrap replicates)" if boot else "") + " ...")
     frames = analyses.frames(model=ctx.model_label, corpus=ctx.corpus_label)
     return frames, analyses, total, time.perf_counter() - t
 
