@@ -212,3 +212,14 @@ def test_the_browser_driver_catches_errors(browser, tmp_path):
     assert any("boom" in e for e in page.console_errors)
     assert any("undefinedFunction" in e for e in page.console_errors)
     assert page.values == [None, 2]
+
+
+def test_n_max_zero_keeps_the_grid_only(stories):
+    model, tokenizer = stories
+    prep = prepare(model, PROMPT, run=None, window=None, tokenizer=tokenizer)
+    (view,) = collect(prep, [(1, 0, -1)], n_grid=(1, 2, 4, 8), n_max=0,
+                      rules=("attention",), distances=("cosine",), seed=0)
+    assert view.ns.tolist() == [1, 2, 4, 8]
+    with pytest.raises(ConfigError, match="n_max: expected None or an integer >= 0"):
+        collect(prep, [(1, 0, -1)], n_grid=(1, 2), n_max=-3, rules=("attention",),
+                distances=("cosine",), seed=0)

@@ -162,9 +162,10 @@ def write_viewer(out_html, model=None, prompt=None, *, run=None, window: int | N
     ``model`` and ``prompt`` as ``inspect``'s model and text_or_ids; or ``run=`` (and
     ``window``) to view a run's window captured again (``model`` may then be left out).
     ``queries``: positions (negatives from the end; with a run ``-1`` / ``None`` is its
-    final query). Every N up to ``n_max`` (default ``max(n_grid)``) is precomputed for
-    the slider, under both rankings and both distances, with the random control's set
-    of the same size as a ghost. Long contexts draw the ``top_keys`` keys of largest
+    final query). Every N up to ``n_max`` (default ``max(n_grid)``; 0: only the grid's
+    N, a page about five times smaller) is precomputed for the slider, under both
+    rankings and both distances, with the random control's set of the same size as a
+    ghost. Long contexts draw the ``top_keys`` keys of largest
     contribution (plus the selected, the sink, the current token and the winner) one
     by one and the rest as a density. Returns the path written.
     """

@@ -28,9 +28,7 @@ from attngeom.errors import ConfigError, RunDirError
 
 # the manifest's config keys the viewer needs to cut a run's windows again
 RUN_KEYS = ("model", "corpus", "window_length", "start_window", "n_windows")
-_WINDOW_KEYS = ("model", "corpus", "window_length", "start_window", "windows_per_document",
-                "sample_documents", "seed", "dtype", "text_column", "separator",
-                "doc_boundary", "boundary_token", "n_windows", "query_mode")
+_WINDOW_KEYS = ("n_windows", "query_mode")
 
 
 @dataclass
@@ -184,11 +182,17 @@ def read_run(run_dir) -> tuple[Path, dict]:
 
 
 def run_config(manifest: dict):
-    """An ``AnalysisConfig`` with the run's window settings (nothing else matters here)."""
-    from attngeom.config import AnalysisConfig
+    """An ``AnalysisConfig`` with the run's model, corpus and window settings (every
+    option of ``RunConfig``, the options all commands share, so that a new way of
+    cutting windows comes along; plus the analysed windows and queries)."""
+    from dataclasses import fields
+
+    from attngeom.config import AnalysisConfig, RunConfig
 
     given = manifest["config"]
-    kwargs = {k: given[k] for k in _WINDOW_KEYS if k in given}
+    names = {f.name for f in fields(RunConfig)} | set(_WINDOW_KEYS)
+    kwargs = {k: given[k] for k in names if k in given}
+    kwargs.update(device="cpu", device_map=None)  # windows are cut on the host
     try:
         return AnalysisConfig(**kwargs)
     except ConfigError as e:

@@ -172,7 +172,10 @@ def build_view(rows: LayerRows, *, model: str, head: int, query: int, token_ids,
     alpha, values, universe = rows.row(head, query)
     keys = torch.nonzero(universe).flatten()
     size = keys.numel()
-    cap = max(n_grid) if n_max is None else int(n_max)
+    if n_max is not None and (isinstance(n_max, bool) or not isinstance(n_max, int)
+                              or n_max < 0):
+        raise ConfigError(f"n_max: expected None or an integer >= 0, got {n_max!r}")
+    cap = max(n_grid) if n_max is None else n_max  # 0: the grid's N only
     ns = check_ns(sorted(set(n_grid) | set(range(1, cap + 1))), size)
     kwargs = dict(query=query, seed=seed, window=0 if window is None else window,
                   layer=rows.layer, head=head)
@@ -382,7 +385,8 @@ def inspect(model=None, text_or_ids=None, *, run=None, window: int | None = None
     first) is cut again from its corpus and captured again. ``query``: a position
     (negatives count from the end; with a run, ``-1`` or ``None`` is the run's
     ``final`` query, its last content token). ``n_grid`` the N marked, ``n_max``
-    (default ``max(n_grid)``) the largest N computed (every N up to it, the slider's).
+    (default ``max(n_grid)``) the largest N computed (every N up to it, the slider's;
+    0: the grid's N only).
     ``distance``: euclidean or cosine;
     ``ranking``: attention or contribution (the random control's set of the same size
     rides along as a ghost, seeded by ``seed`` as the run's control is: by default the
