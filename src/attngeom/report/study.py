@@ -93,10 +93,17 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
 
 
 def _study_section(record: dict, study_dir: Path) -> str:
+    from attngeom.report.build import portable
+    from attngeom.report.text import format_protocol
+
+    record = portable(record)  # no absolute path of this machine in a shared report
     facts = [("study", record.get("study")), ("file", record.get("file")),
              ("file sha256", record.get("sha256")),
              ("analyses", ", ".join(record.get("analyses", []))),
              ("wall time", f"{fmt(record.get('wall_s'))} s")]
+    for line in format_protocol(record.get("protocol") or {}):
+        command, _, text = line.partition(": ")
+        facts.append((f"protocol of {command}", text))
     for label, m in record.get("models", {}).items():
         shape = m.get("shape") or {}
         kind = "decoder" if m.get("is_causal") else "encoder" if m.get("is_causal") is False \
@@ -245,9 +252,12 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
     ns = tables.get("restrict_nstar")
     if ns is not None and len(ns):
         m = ns[ns["scope"] == "model"]
-        out.append(("Effective set size N*_tau (whole model)", m.pivot_table(
-            index=["model", "corpus", "renormalize"], columns="tau", values="n_star",
-            dropna=False)))
+        index = ["model", "corpus", *(["ranking"] if "ranking" in m.columns else []),
+                 "renormalize"]
+        values = ["n_star", *(["grid_n_star"] if "grid_n_star" in m.columns else [])]
+        out.append(("Effective set size N*_tau (whole model; n_star: the integer search, "
+                    "grid_n_star: the smallest power of two passing)", m.pivot_table(
+                        index=index, columns="tau", values=values, dropna=False)))
     gl = tables.get("geometry_loss")
     if gl is not None and len(gl):
         if "n_min" in gl.columns:
@@ -300,11 +310,14 @@ def study_findings(tables: dict) -> list[str]:
     ns = tables.get("restrict_nstar")
     if ns is not None and len(ns):
         m = ns[(ns["scope"] == "model") & (~ns["renormalize"].astype(bool))]
-        for (model, corpus), g in m.groupby(["model", "corpus"], sort=True):
+        if "ranking" not in m.columns:
+            m = m.assign(ranking="attention")
+        for (model, corpus, ranking), g in m.groupby(["model", "corpus", "ranking"],
+                                                     sort=True):
             parts = ", ".join(f"N*_{fmt(100 * t)}% = {fmt(v)}" for t, v in
                               zip(g["tau"], g["n_star"], strict=True))
-            out.append(f"{model} on {corpus}, top-N restriction without renormalisation: "
-                       f"{parts}.")
+            out.append(f"{model} on {corpus}, top-N restriction by {ranking} without "
+                       f"renormalisation: {parts}.")
     gl = tables.get("geometry_loss")
     if gl is not None and len(gl) and "n_min" in gl.columns:
         main = gl[gl["n_min"] == 1]
