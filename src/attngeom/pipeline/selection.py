@@ -1,0 +1,109 @@
+"""Which keys a competition probe keeps: a top-N ranking, or the positional control.
+
+The probes of issue 31 evaluate the model with only N keys per query row. Two kinds of
+selection:
+
+- a **ranking** (``"attention"``, ``"contribution"``): the top-N restriction of
+  ``attngeom.interventions.restrict_topn`` (method §9), deletion (the dropped mass is
+  lost) or renormalisation;
+- the **positional control** (``"positional"``, follow-up App. E.5): the initial token
+  and the N - 1 most recent visible keys, whatever their scores. It runs on the same
+  registered attention function (``attngeom.capture.override_attention``) as the
+  restriction, through the family's own eager probabilities, and a row with at most N
+  visible keys is left exactly as it was.
+
+``restriction(model, n, ranking=..., renormalize=...)`` is the one entry point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+
+import torch
+
+from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
+from attngeom.errors import ConfigError
+
+RANKINGS = ("attention", "contribution", "positional")
+
+
+def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
+    """Boolean (..., T): position 0 and the n - 1 latest visible keys of each row.
+
+    ``visible`` (..., T) bool. A row with at most n visible keys keeps them all; the
+    initial token is kept only where it is visible (a sliding window may hide it).
+
+    >>> positional_keep(torch.tensor([[True, True, True, True, True, False]]), 3).tolist()
+    [[True, False, False, True, True, False]]
+    """
+    later = visible.flip(-1).cumsum(-1).flip(-1) - visible.long()  # visible keys after j
+    recent = later < n - 1
+    first = torch.zeros_like(visible)
+    first[..., 0] = True
+    keep = visible & (recent | first)
+    few = (visible.sum(-1, keepdim=True) <= n)
+    return torch.where(few, visible, keep)
+
+
+@contextlib.contextmanager
+def positional_restriction(model: torch.nn.Module, n: int, *,
+                           renormalize: bool = False) -> Iterator[None]:
+    """Every head of every layer attends only to the initial token and the n - 1 latest keys.
+
+    Deletion (``renormalize=False``) zeroes the other probabilities; renormalisation
+    divides the kept ones by their sum. On exit the model is as before.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"expected n to be an integer >= 1, got {n!r}")
+    if has_override(model):
+        raise ConfigError("positional_restriction: expected no attngeom override open on "
+                          "the model; open the restriction first and capture inside it")
+
+    def handler(call: AttentionCall):
+        _, _, probs = call.eager_float32()
+        visible = call.visible().expand_as(probs)
+        keep = positional_keep(visible, n)
+        if bool((keep == visible).all()):
+            return call.previous()
+        kept = torch.where(keep, probs, torch.zeros_like(probs))
+        if renormalize:
+            total = kept.sum(-1, keepdim=True)
+            kept = torch.where(total > 0, kept / total.clamp_min(torch.finfo(kept.dtype).tiny),
+                               kept)
+        base, _ = call.previous()
+        values = repeat_kv(call.value, probs.shape[1] // call.value.shape[1])
+        out = torch.matmul(kept.to(values.dtype), values).transpose(1, 2)
+        return out.to(base.dtype).contiguous(), kept
+
+    with override_attention(model, handler):
+        yield
+
+
+def check_ranking(ranking: str) -> str:
+    if ranking not in RANKINGS:
+        raise ConfigError(f"expected ranking in {list(RANKINGS)}, got {ranking!r}")
+    return ranking
+
+
+@contextlib.contextmanager
+def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
+                renormalize: bool = False) -> Iterator[None]:
+    """Open the selection ``ranking`` keeps at size ``n`` (see the module docstring)."""
+    check_ranking(ranking)
+    if ranking == "positional":
+        with positional_restriction(model, n, renormalize=renormalize):
+            yield
+        return
+    from attngeom.interventions.restriction import restrict_topn
+
+    kwargs: dict = {"renormalize": renormalize}
+    if "ranking" in inspect.signature(restrict_topn).parameters:
+        kwargs["ranking"] = ranking
+    elif ranking != "attention":
+        raise ConfigError(
+            f"ranking {ranking!r} needs restrict_topn(..., ranking=...), which this "
+            "attngeom does not have yet; use 'attention' or 'positional'")
+    with restrict_topn(model, n, **kwargs):
+        yield
