@@ -84,7 +84,18 @@ def test_table1_and_the_references_of_the_small_study(small):
     assert set(avg["n_min"]) == {1, 2, 8}
     assert set(avg[avg["n_min"] == 8]["ns"]) == {"8,16"}
     rv = read_table(out / "tables", "reference_values")
-    # stories260K is no preset of either paper: context only, never a match
-    assert len(rv) == 0 or set(rv["kind"]) == {"context"}
+    # stories260K is no preset of either paper: the papers' ranges as context, never a match
+    assert len(rv) and set(rv["kind"]) == {"context"} and rv["difference"].isna().all()
+    t2 = rv[(rv["location"] == "Table 2 (App. C.3)") & (rv["paper_corpus"] == "openwebtext")
+            & rv["params"].str.contains('"tau": 0.05')
+            & rv["params"].str.contains('"ranking": "attention"')]
+    assert set(t2["corpus"]) == {"tinystories", "wikitext-2"}
+    assert (t2["published_low"] == 12).all() and (t2["published_high"] == 226).all()
+    ns = read_table(out / "tables", "restrict_nstar")
+    ours = ns[(ns["scope"] == "model") & (ns["ranking"] == "attention") & ~ns["renormalize"]
+              & (ns["tau"] == 0.05) & (ns["corpus"] == "tinystories")]["n_star"].iloc[0]
+    assert t2[t2["corpus"] == "tinystories"]["measured"].iloc[0] == ours
+    t1 = rv[rv["location"] == "Table 1 (App. C.2)"]
+    assert set(t1["corpus"]) == {"tinystories+wikitext-2"}
     html = (out / "report" / "index.html").read_text()
     assert "Published values" in html and "Table 1" in html

@@ -181,12 +181,16 @@ def _references_section(tables: dict, unavailable: dict) -> str:
                 table_id="reference-values"))
         if len(context):
             parts.append("<h3>Models the paper did not run: its range as context</h3><p>"
-                         "The published range over the paper's models in the same setting, "
-                         "beside our measurement; context for scale, never a match.</p>")
+                         "The published range over the paper's models in the same setting "
+                         "(ranking, deletion or renormalisation, tau, N, distance), on the "
+                         "paper's corpus and window length, beside our measurement on ours: "
+                         "context for scale, never a match.</p>")
             cols = ["model", "corpus", "quantity", "params", "published_text",
-                    "paper_models", "measured", "our_setting", "location"]
+                    "paper_models", "paper_corpus", "measured", "our_setting", "location"]
+            cols = [c for c in cols if c in context.columns]
             parts.append(table_html(context[cols].rename(columns={
                 "published_text": "paper's range", "measured": "ours",
+                "paper_corpus": "paper's corpus",
                 "our_setting": "our run", "paper_models": "paper's models"}).set_index(
                 ["model", "corpus", "quantity", "params"]), table_id="reference-context"))
     elif ref is not None and len(ref):

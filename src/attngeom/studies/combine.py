@@ -137,7 +137,7 @@ def regime_stability(comparisons: list[tuple[str, str, str, object]]) -> pd.Data
 REFERENCE_COLUMNS = ["model", "corpus", "quantity", "params", "published", "measured",
                      "source", "location", "quote", "kind", "relation", "published_low",
                      "published_high", "published_text", "difference", "paper_models",
-                     "our_setting"]
+                     "our_setting", "paper_corpus"]
 _CONTEXT_PROTOCOLS = ("fixed", "geometry")  # the settings a small model is shown against
 
 
@@ -224,8 +224,8 @@ def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str)
 
 def _measured(ref, tables: dict, model: str, corpora: list[str]) -> float:
     """Our number for ``ref`` on ``model``. A two-corpus reference reads the averaged
-    geometry-loss row (Table 1), or the maximum of the two corpora's N*_tau (the paper's
-    cross-corpus summary)."""
+    geometry-loss row (Table 1), the maximum of the two corpora's N*_tau (the paper's
+    cross-corpus summary), or the mean of the corpora's values of any other quantity."""
     p = ref.setting
     if ref.quantity == "spearman_f_dnll":
         g = tables.get("geometry_loss")
@@ -241,9 +241,10 @@ def _measured(ref, tables: dict, model: str, corpora: list[str]) -> float:
     values = [_measured_one(ref.quantity, p, tables, model, c) for c in corpora]
     if len(values) == 1:
         return values[0]
-    if ref.quantity == "n_star" and all(math.isfinite(v) for v in values):
-        return max(values)
-    return math.nan
+    if not all(math.isfinite(v) for v in values):
+        return math.nan
+    # N*: the paper's cross-corpus summary is the larger; other quantities: the mean
+    return max(values) if ref.quantity == "n_star" else float(np.mean(values))
 
 
 def _corpus_labels(study, ref_corpus: str) -> list[str] | None:
@@ -284,7 +285,7 @@ def _row(ref, model, corpora, measured, kind, study, low=None, high=None, models
         "published_text": (f"{low:g}-{high:g}" if low is not None and low != high
                            else f"{low:g}" if low is not None else ref.shown()),
         "difference": diff, "paper_models": models,
-        "our_setting": _our_setting(study, model, corpora),
+        "our_setting": _our_setting(study, model, corpora), "paper_corpus": ref.corpus,
     }
 
 
@@ -327,18 +328,28 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
             groups.setdefault(key, []).append(ref)
         for group in groups.values():
             ref = group[0]
-            corpora = _corpus_labels(study, ref.corpus)
-            if corpora is None:
-                continue
-            measured = _measured(ref, tables, m_label, corpora)
-            if not math.isfinite(measured):
-                continue
             points = [r.value for r in group if r.value is not None and not r.is_range]
             ends = [x for r in group if r.is_range for x in (r.low, r.high)]
             both = points + ends
             if not both:
                 continue
             models = ",".join(sorted({r.model for r in group}))
-            rows.append(_row(ref, m_label, corpora, measured, "context", study,
-                             low=min(both), high=max(both), models=models))
+            for corpora in _context_corpora(study, ref.corpus):
+                measured = _measured(ref, tables, m_label, corpora)
+                if math.isfinite(measured):
+                    rows.append(_row(ref, m_label, corpora, measured, "context", study,
+                                     low=min(both), high=max(both), models=models))
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
+
+
+def _context_corpora(study, ref_corpus: str) -> list[list[str]]:
+    """The study corpora a context range is shown beside: the same corpus where the study
+    ran it, else each of the study's corpora (a two-corpus value: all of them averaged),
+    the paper's corpus named in the row (``paper_corpus``): scale, not a match."""
+    same = _corpus_labels(study, ref_corpus)
+    if same is not None:
+        return [same]
+    labels = sorted(study.corpora)
+    if "+" in ref_corpus:
+        return [labels] if len(labels) >= 2 else []
+    return [[label] for label in labels]
