@@ -190,3 +190,47 @@ def test_gqa_streaming_reads_each_heads_kv_head() -> None:
     for h in range(4):
         one, _ = hs.streaming_rows(alpha[h:h + 1], q, v[h // 2:h // 2 + 1], 2)
         torch.testing.assert_close(got[h], one[0])
+
+
+def test_accumulator_equals_the_kernels_and_merges_exactly() -> None:
+    """Two windows' AttentionBatches in two chunks each: the accumulator's means equal the
+    kernels' means over all rows; two shards merged give the same table; a window seen by
+    both shards, a different W or a head count that changes are errors."""
+    from attngeom.core.batch import ValueStats
+    from tests.core.batches import assert_columns_equal, batch_of
+
+    wins = []
+    for seed in (1, 2):
+        alpha, q, tokens, gen = _random_rows(seed, 4, 12)
+        wins.append((alpha.float(), q, tokens, torch.randn(2, 12, 3, generator=gen)))
+    whole = hs.HeadScoreAccumulator(3)
+    shards = [hs.HeadScoreAccumulator(3), hs.HeadScoreAccumulator(3)]
+    for w, (alpha, q, tokens, v) in enumerate(wins):
+        stats = ValueStats(v)
+        for part in torch.tensor_split(torch.arange(q.numel()), 2):
+            batch = batch_of(v, alpha[:, part], q[part], window=w, layer=1, stats=stats,
+                             tokens=tokens)
+            whole.update(batch)
+            shards[w].update(batch)
+    prev = [hs.previous_token_rows(a, q) for a, q, _, _ in wins]
+    s = sum(hs.row_sums(*p)[0] for p in prev)
+    c = sum(hs.row_sums(*p)[1] for p in prev)
+    torch.testing.assert_close(torch.as_tensor(whole.means("previous_token")[1][0]),
+                               hs.mean_over_rows(s, c))
+    stream = [hs.streaming_rows(a, q, v, 3) for a, q, _, v in wins]
+    s = sum(hs.row_sums(*p)[0] for p in stream)
+    c = sum(hs.row_sums(*p)[1] for p in stream)
+    torch.testing.assert_close(torch.as_tensor(whole.means("streaming")[1][0]),
+                               hs.mean_over_rows(s, c))
+    table = whole.compute()["head_scores"]
+    assert len(table["layer"]) == 4 * len(hs.CORPUS_SCORES) and whole.windows == 2
+    merged = shards[0].merge(shards[1]).compute()["head_scores"]
+    assert_columns_equal(merged, table, rtol=1e-12)
+    with pytest.raises(ConfigError, match="disjoint"):
+        shards[0].merge(shards[1])
+    with pytest.raises(ConfigError, match="streaming_window"):
+        hs.HeadScoreAccumulator(3).merge(hs.HeadScoreAccumulator(4))
+    alpha, q, tokens, v = wins[0]
+    with pytest.raises(ConfigError, match="heads"):
+        whole.add_rows(1, alpha[:2], q, v[:1], tokens)
+    assert all(len(x) == 0 for x in hs.HeadScoreAccumulator().compute()["head_scores"].values())

@@ -10,7 +10,7 @@ import torch
 
 from attngeom.core.head_scores import HEAD_TYPES
 from attngeom.errors import ConfigError
-from attngeom.pipeline.atlas import CUE, head_atlas, make_needles, side_by_side
+from attngeom.pipeline.atlas import CUE, corpus_scores, head_atlas, make_needles, side_by_side
 from attngeom.results.schemas import SCHEMAS
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
 
@@ -41,7 +41,8 @@ def atlas(stories, windows):
                             columns=["layer", "head", "regime"])
     out = head_atlas(model, tok, windows, taxonomy=taxonomy, seed=1, query_stride=4,
                      streaming_window=16, n_repeats=2, repeat_length=16, n_needles=2,
-                     needle_length=3, model_label="stories260K", corpus_label="tinystories")
+                     needle_length=3, context_lengths=(96, 48), model_label="stories260K",
+                     corpus_label="tinystories")
     return out, taxonomy, (layers, heads)
 
 
@@ -93,9 +94,22 @@ def test_rerun_with_the_same_seed_gives_the_same_table(stories, windows, atlas) 
     model, tok = stories
     again = head_atlas(model, tok, windows, seed=1, query_stride=4, streaming_window=16,
                        n_repeats=2, repeat_length=16, n_needles=2, needle_length=3,
-                       model_label="stories260K", corpus_label="tinystories")
+                       context_lengths=(96, 48), model_label="stories260K",
+                       corpus_label="tinystories")
     pd.testing.assert_frame_equal(again["head_scores"], atlas[0]["head_scores"])
     assert "atlas_contingency" not in again and "atlas_depth" in again
+    # corpus scores accumulated elsewhere (an analysis' pass) are used as given
+    win = torch.stack([w.input_ids for w in windows])
+    acc = corpus_scores(model, win, query_stride=4, streaming_window=16)
+    given = head_atlas(model, tok, windows, seed=1, corpus=acc, n_repeats=2,
+                       repeat_length=16, n_needles=2, needle_length=3,
+                       context_lengths=(96, 48), model_label="stories260K",
+                       corpus_label="tinystories")["head_scores"]
+    mine = given["inputs"].str.contains("the analysis' rows")
+    assert set(given.loc[mine, "score"]) == {"previous_token", "duplicate_token", "sink",
+                                             "streaming"}
+    pd.testing.assert_frame_equal(given.drop(columns="inputs"),
+                                  atlas[0]["head_scores"].drop(columns="inputs"))
 
 
 def test_needles_are_seeded_and_placed(stories, windows) -> None:
@@ -124,6 +138,9 @@ def test_bad_input_is_one_line(stories, windows) -> None:
     win = torch.stack([w.input_ids for w in windows])
     with pytest.raises(ConfigError, match=r"needle: 40 tokens .*valid needle_length: 1\.\.\d+"):
         make_needles(tok, win, 512, n_needles=1, needle_length=40, context_lengths=(48,),
+                     seed=0)
+    with pytest.raises(ConfigError, match=r"valid context: >= \d+ tokens"):
+        make_needles(tok, win, 512, n_needles=1, needle_length=3, context_lengths=(20,),
                      seed=0)
     too_long = model.config.max_position_embeddings + 1
     with pytest.raises(ConfigError, match=r"more than the model's \d+ positions"):

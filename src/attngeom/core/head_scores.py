@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from attngeom.core.batch import AttentionBatch
+from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
 
 SINK = 0
@@ -226,3 +229,92 @@ def head_labels(scores: dict[str, Tensor]) -> dict[str, Tensor]:
         out[name] = (s <= thr) if name == "streaming" else (s >= thr)
         out[name] = out[name] & ~torch.isnan(s)
     return out
+
+
+CORPUS_SCORES = ("previous_token", "duplicate_token", "sink", "streaming")
+
+
+class HeadScoreAccumulator(Accumulator):
+    """The corpus-window head scores (previous-token, duplicate-token, sink, streaming)
+    from whatever query rows an analysis captures, as per-(layer, head) sums and row
+    counts, so that they ride on the analysis' own pass instead of a forward of their
+    own (``pipeline.atlas.head_atlas(corpus=...)``). ``update`` takes an
+    ``AttentionBatch`` (the duplicate-token score needs its ``tokens``); ``add_rows``
+    the same tensors directly. ``merge`` adds a shard with disjoint windows exactly.
+    """
+
+    tables = ("head_scores",)
+
+    def __init__(self, streaming_window: int = 64) -> None:
+        if int(streaming_window) != streaming_window or streaming_window < 1:
+            raise ConfigError(f"streaming_window: expected an integer >= 1, got "
+                              f"{streaming_window!r}")
+        self.streaming_window = int(streaming_window)
+        self.sums: dict[str, dict[int, Tensor]] = {k: {} for k in CORPUS_SCORES}
+        self.counts: dict[str, dict[int, Tensor]] = {k: {} for k in CORPUS_SCORES}
+        self._seen: set[tuple[int, int]] = set()
+
+    def _add(self, name: str, layer: int, score: Tensor, valid: Tensor) -> None:
+        s, c = row_sums(score, valid)
+        known = self.sums[name].get(layer)
+        if known is not None and known.shape != s.shape:
+            raise ConfigError(f"layer {layer}: expected {known.numel()} heads, got {s.numel()}")
+        self.sums[name][layer] = s if known is None else known + s
+        self.counts[name][layer] = self.counts[name].get(layer, 0) + c
+
+    def add_rows(self, layer: int, alpha: Tensor, query_positions: Tensor, values: Tensor,
+                 tokens: Tensor | None = None) -> None:
+        """Add the rows of one window at one layer: alpha (H, Q, T), values (G, T, d)."""
+        t = alpha.shape[-1]
+        self._add("previous_token", layer, *previous_token_rows(alpha, query_positions))
+        self._add("sink", layer, *sink_rows(alpha, query_positions))
+        self._add("streaming", layer, *streaming_rows(alpha, query_positions, values[:, :t],
+                                                      self.streaming_window))
+        if tokens is not None:
+            self._add("duplicate_token", layer,
+                      *duplicate_token_rows(alpha, query_positions, tokens[:t]))
+
+    def update(self, batch: AttentionBatch) -> None:
+        self._seen.add((batch.layer, batch.window))
+        self.add_rows(batch.layer, batch.alpha, batch.query_positions, batch.stats.values,
+                      batch.tokens)
+
+    def merge(self, other: HeadScoreAccumulator) -> HeadScoreAccumulator:
+        self._check_mergeable(other, streaming_window=self.streaming_window)
+        check_disjoint(self._seen, other._seen)
+        for name in CORPUS_SCORES:
+            for layer, s in other.sums[name].items():
+                self._add_sums(name, layer, s, other.counts[name][layer])
+        self._seen |= other._seen
+        return self
+
+    def _add_sums(self, name: str, layer: int, s: Tensor, c: Tensor) -> None:
+        self.sums[name][layer] = self.sums[name].get(layer, 0) + s
+        self.counts[name][layer] = self.counts[name].get(layer, 0) + c
+
+    def means(self, name: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per layer: (H,) mean score (NaN without a counted row) and (H,) row counts."""
+        return {layer: (mean_over_rows(self.sums[name][layer], self.counts[name][layer])
+                        .numpy(), self.counts[name][layer].numpy())
+                for layer in sorted(self.sums[name])}
+
+    @property
+    def windows(self) -> int:
+        return len({w for _, w in self._seen})
+
+    def compute(self) -> dict[str, dict[str, np.ndarray]]:
+        """Table ``head_scores`` (layer, head, score, value, n_samples) of these scores."""
+        cols: dict[str, list] = {"layer": [], "head": [], "score": [], "value": [],
+                                 "n_samples": []}
+        for name in CORPUS_SCORES:
+            for layer, (mean, count) in self.means(name).items():
+                h = mean.size
+                cols["layer"].append(np.full(h, layer, dtype=np.int64))
+                cols["head"].append(np.arange(h, dtype=np.int64))
+                cols["score"].append(np.full(h, name, dtype=object))
+                cols["value"].append(mean.astype(np.float64))
+                cols["n_samples"].append(count.astype(np.int64))
+        empty = {"layer": np.int64, "head": np.int64, "score": object, "value": np.float64,
+                 "n_samples": np.int64}
+        return {"head_scores": {k: np.concatenate(v) if v else np.zeros(0, dtype=empty[k])
+                                for k, v in cols.items()}}

@@ -5,7 +5,9 @@
 eager attention matrix kept) over three kinds of input:
 
 - **corpus windows**, rows every ``query_stride`` positions (the final one included):
-  previous-token, duplicate-token, sink-head and streaming scores;
+  previous-token, duplicate-token, sink-head and streaming scores (or, given
+  ``corpus``, the same scores accumulated on an analysis' own pass, which saves the
+  forward);
 - **repeated random tokens**, ``n_repeats`` prompts of the window-start token then a
   random block R of ``repeat_length`` tokens twice (seeded; special tokens never
   drawn), rows on the second copy: induction and echo scores;
@@ -45,7 +47,7 @@ NO_TYPE = "(none)"
 
 
 @dataclass
-class _Sums:
+class _Sums:  # the repeated-token scores' row sums
     """Per score, per layer: (H,) summed row scores and row counts."""
 
     sums: dict[str, dict[int, torch.Tensor]]
@@ -97,25 +99,23 @@ def _check_length(model, length: int, what: str) -> None:
 
 @torch.no_grad()
 def corpus_scores(model, windows: torch.Tensor, *, query_stride: int = 8,
-                  streaming_window: int = 64, batch_size: int = 4) -> _Sums:
-    """Previous-token, duplicate-token, sink and streaming row sums over corpus windows."""
+                  streaming_window: int = 64, batch_size: int = 4
+                  ) -> hs.HeadScoreAccumulator:
+    """Previous-token, duplicate-token, sink and streaming scores over corpus windows, in
+    a forward of their own (rows every ``query_stride`` back from the last)."""
     n, t = windows.shape
     if query_stride < 1:
         raise ConfigError(f"query_stride: expected an integer >= 1, got {query_stride!r}")
     _check_length(model, t, "window length")
     rows = torch.arange(t - 1, 0, -query_stride).flip(0)
-    sums = _Sums.empty()
+    acc = hs.HeadScoreAccumulator(streaming_window)
     device = input_device(model)
     current: dict[str, torch.Tensor] = {}
 
     def consume(cap) -> None:
-        q = cap.query_rows
         for b in range(cap.alpha.shape[0]):
-            a, v, tok = cap.alpha[b], cap.values[b], current["ids"][b].to(cap.alpha.device)
-            sums.add("previous_token", cap.layer, *hs.previous_token_rows(a, q))
-            sums.add("duplicate_token", cap.layer, *hs.duplicate_token_rows(a, q, tok))
-            sums.add("sink", cap.layer, *hs.sink_rows(a, q))
-            sums.add("streaming", cap.layer, *hs.streaming_rows(a, q, v, streaming_window))
+            acc.add_rows(cap.layer, cap.alpha[b], cap.query_rows, cap.values[b],
+                         current["ids"][b].to(cap.alpha.device))
 
     with capture_attention(model, consume, query_rows=rows, chunk_size=256):
         for start in range(0, n, batch_size):
@@ -123,7 +123,7 @@ def corpus_scores(model, windows: torch.Tensor, *, query_stride: int = 8,
             current["ids"] = ids
             ids = ids.to(device)
             model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    return sums
+    return acc
 
 
 def _content_ids(tokenizer, vocab_size: int) -> np.ndarray:
@@ -205,10 +205,12 @@ def make_needles(tokenizer, haystack: torch.Tensor, vocab_size: int, *, n_needle
         length = int(context_lengths[i % len(context_lengths)])
         fixed = 1 + 2 * len(cue) + needle_length + len(dot)
         if needle_length < 1 or length - fixed < 2:
-            most = max(0, length - fixed + needle_length - 2)
+            most = length - fixed + needle_length - 2
+            valid = (f"valid needle_length: 1..{most}" if most >= 1 else
+                     f"valid context: >= {fixed - needle_length + 3} tokens")
             raise ConfigError(f"needle: {needle_length} tokens with the cue need "
                               f"{fixed + 2} tokens of context, got a context of {length} "
-                              f"(valid needle_length: 1..{most})")
+                              f"({valid})")
         hay = haystack[i % haystack.shape[0]] if haystack.dim() == 2 else haystack
         room = length - fixed
         if hay.numel() - 1 < room:
@@ -275,7 +277,8 @@ def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: f
 
 
 def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = None,
-               summary: pd.DataFrame | None = None, seed: int = 0, query_stride: int = 8,
+               summary: pd.DataFrame | None = None, seed: int = 0,
+               corpus: hs.HeadScoreAccumulator | None = None, query_stride: int = 8,
                streaming_window: int = 64, n_repeats: int = 4, repeat_length: int = 64,
                n_needles: int = 4, needle_length: int = 6,
                context_lengths: Sequence[int] | None = None, recovered_share: float = 0.5,
@@ -294,9 +297,16 @@ def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = Non
     try:
         win = _as_windows(windows)
         t = int(win.shape[1])
-        contexts = tuple(context_lengths) if context_lengths else (t, max(t // 2, 2))
-        corpus = corpus_scores(model, win, query_stride=query_stride,
-                               streaming_window=streaming_window, batch_size=batch_size)
+        contexts = (tuple(context_lengths) if context_lengths
+                    else (max(t // 2, 2), max(t // 4, 2)))
+        if corpus is None:
+            corpus = corpus_scores(model, win, query_stride=query_stride,
+                                   streaming_window=streaming_window, batch_size=batch_size)
+            corpus_inputs = (f"{win.shape[0]} corpus windows of {t}, rows every {query_stride}, "
+                             f"streaming W = {streaming_window}")
+        else:
+            corpus_inputs = (f"{corpus.windows} corpus windows, the analysis' rows, "
+                             f"streaming W = {corpus.streaming_window}")
         repeats, _ = repeat_scores(model, tokenizer, int(win[0, 0]), n_repeats=n_repeats,
                                    repeat_length=repeat_length, seed=seed)
         trials = make_needles(tokenizer, win, _vocab_size(model, tokenizer),
@@ -306,9 +316,11 @@ def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = Non
     finally:
         model.train(was_training)
     seen = corpus.sums["previous_token"]  # every layer's attention was captured
+    if not seen:
+        raise ConfigError("corpus: no head scores (no window was analysed)")
     n_layers, n_heads = max(seen) + 1, int(next(iter(seen.values())).numel())
     inputs = {
-        "corpus": f"{win.shape[0]} corpus windows of {t}, rows every {query_stride}",
+        "corpus": corpus_inputs,
         "repeat": f"{n_repeats} prompts of 1 + 2 x {repeat_length} random tokens, seed {seed}",
         "needle": (f"{n_needles} needles of {needle_length} tokens, contexts "
                    f"{'/'.join(map(str, contexts))}, seeded depths, seed {seed}, "
