@@ -30,6 +30,10 @@ def test_every_cell_ran_and_tables_are_side_by_side(tiny_study):
         ("minilm", "tiny", "analyze"), ("minilm", "wiki", "analyze"),
     }
     assert {c["status"] for c in record["cells"]} == {"run"}
+    # the protocol, per command: what a reader needs to weigh the numbers
+    assert {"window_length": 64, "query_mode": "stride:8", "n_windows": 4,
+            "bootstrap": 20}.items() <= record["protocol"]["analyze"].items()
+    assert record["protocol"]["restrict"]["window_length"] == 64
     for c in record["cells"]:
         assert (out / c["directory"] / "manifest.json").is_file()
         assert (out / c["directory"] / "report" / "index.html").is_file()
@@ -140,6 +144,8 @@ def test_study_report_shows_models_side_by_side(tiny_study):
         assert (out / "report" / "figures" / f"{fig}.pdf").is_file()
     assert "Regime agreement between corpora" in html and "N*_tau" in html
     assert "Spearman" in html and "Published values" in html
+    assert "protocol of analyze" in html and "stride:8 queries" in html
+    assert str(out.parent) not in html  # no absolute path of the machine
     links = re.findall(r'href="\.\./(runs/[^"]+/report/index\.html)"', html)
     assert len(links) == 8 and all((out / link).is_file() for link in links)
 
@@ -149,5 +155,6 @@ def test_cli_prints_findings_and_where(tiny_study, capsys):
     assert main(["reproduce", str(path), "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "8 runs" in printed and "(8 finished before)" in printed
+    assert "protocol: analyze: T = 64, stride:8 queries, 4 windows" in printed
     assert f"report: {out / 'report' / 'index.html'}" in printed
     assert "Cohen's kappa" in printed and "Spearman" in printed

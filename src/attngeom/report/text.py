@@ -208,3 +208,21 @@ def tables_summary(res) -> str:
     """The default summary of a command that declares none: its tables and their rows."""
     return _join(*caveats(res), *(f"{name}: {len(df)} rows" for name, df in
                                   res.tables.items()))
+
+
+def format_protocol(record: dict) -> list[str]:
+    """``analyze: T = 64, stride:8 queries, 4 windows, 20 bootstrap replicates, ...``."""
+    lines = []
+    for cmd, p in record.items():
+        parts = [f"T = {p['window_length']}"] if "window_length" in p else []
+        if "query_mode" in p:
+            parts.append(f"{p['query_mode']} queries")
+        for key, what in (("n_windows", "windows"), ("n_rank_windows", "ranking windows"),
+                          ("n_eval_windows", "evaluation windows"),
+                          ("bootstrap", "bootstrap replicates"),
+                          ("effective_repeats", "random-control repeats")):
+            if key in p:
+                value = "every" if p[key] is None else p[key]
+                parts.append(f"{value} {what}")
+        lines.append(f"{cmd}: {', '.join(parts)}")
+    return lines

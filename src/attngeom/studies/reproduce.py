@@ -51,6 +51,8 @@ class StudyResult:
         skipped = sum(c["status"] == "skipped" for c in self.cells)
         lines = [f"study {self.study.name}: {len(self.cells)} runs in {self.wall_s:.0f} s "
                  f"({skipped} finished before)"]
+        from attngeom.report.text import format_protocol
+
         lines += [f"protocol: {line}" for line in format_protocol(protocol(self.study))]
         lines += [f"- {sentence}" for sentence in study_findings(self.tables)]
         lines += [f"results: {self.out_dir}", f"tables: {self.out_dir / 'tables'}"]
@@ -220,6 +222,8 @@ def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> l
         key = (cfg.model, cfg.dtype, cfg.device, cfg.device_map)
         if key != loaded_key:
             loaded = None  # free the previous model before the next one loads
+            _say(progress, f"{head}: loading model {cell.model} ({cfg.dtype}, "
+                           f"{cfg.device}) ...")
             loaded = _load(cfg, Distributed.from_env(cfg.device))
             loaded_key = key
         resumed = bool(run_states(directory))  # shards of an unfinished run are there
@@ -308,24 +312,6 @@ def protocol(study: Study) -> dict:
                     seen.append(value)
     return {cmd: {k: (vals[0] if len(vals) == 1 else vals) for k, vals in entry.items()}
             for cmd, entry in out.items()}
-
-
-def format_protocol(record: dict) -> list[str]:
-    """``analyze: T = 64, stride:8 queries, 4 windows, 20 bootstrap replicates, ...``."""
-    lines = []
-    for cmd, p in record.items():
-        parts = [f"T = {p['window_length']}"] if "window_length" in p else []
-        if "query_mode" in p:
-            parts.append(f"{p['query_mode']} queries")
-        for key, what in (("n_windows", "windows"), ("n_rank_windows", "ranking windows"),
-                          ("n_eval_windows", "evaluation windows"),
-                          ("bootstrap", "bootstrap replicates"),
-                          ("effective_repeats", "random-control repeats")):
-            if key in p:
-                value = "every" if p[key] is None else p[key]
-                parts.append(f"{value} {what}")
-        lines.append(f"{cmd}: {', '.join(parts)}")
-    return lines
 
 
 def _write_study_json(out: Path, study: Study, done, tables, wall_s, run_reports) -> None:
