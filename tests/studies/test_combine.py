@@ -219,3 +219,15 @@ def test_the_localised_values_read_the_mean_of_per_document_increases():
     assert len(e3) == 2
     assert layer.iloc[0].measured == 0.7 and layer.iloc[0].difference == pytest.approx(-0.009)
     assert head.iloc[0].measured == 0.6 and head.iloc[0].difference == pytest.approx(-0.021)
+
+
+def test_the_report_says_a_setting_in_words():
+    from attngeom.report.study import setting_text
+
+    assert setting_text('{"ranking": "attention", "renormalize": false, "scope": "model", '
+                        '"tau": 0.05, "window_length": 1024, "scoring": "all"}') == \
+        "attention, deleted, tau 5%, L 1024, all targets"
+    assert setting_text('{"ranking": "attention", "renormalize": false, "scope": "head", '
+                        '"layer": 0, "head": 12, "n": 128}') == \
+        "attention, deleted, head only, N = 128, layer 0, head 12"
+    assert setting_text("{}") == "-" and setting_text("not json") == "not json"

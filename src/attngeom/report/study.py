@@ -154,8 +154,40 @@ def _rows(path: Path) -> int:
         return -1
 
 
-_REF_SHOWN = ["model", "corpus", "quantity", "params", "published_text", "measured",
-              "difference", "our_setting", "location", "quote"]
+_REF_SHOWN = ["model", "corpus", "quantity", "published_text", "measured", "difference",
+              "setting", "location", "our_setting", "quote"]
+_REF_NAMES = {"published_text": "published", "measured": "ours", "quote": "note",
+              "our_setting": "our run", "paper_corpus": "paper's corpus",
+              "paper_models": "paper's models"}
+
+
+def setting_text(params: str) -> str:
+    """A reference's setting (its JSON ``params``) in a few words: ``attention, deleted,
+    tau 5%, L 1024, all targets``; the protocol and document count stay in the table."""
+    try:
+        p = json.loads(params)
+    except (TypeError, ValueError):
+        return str(params)
+    parts = []
+    for key in ("ranking", "rule"):
+        if key in p:
+            parts.append(str(p[key]))
+    if "renormalize" in p:
+        parts.append("renormalised" if p["renormalize"] else "deleted")
+    if p.get("scope", "model") != "model":
+        parts.append(f"{p['scope']} only")
+    if "tau" in p:
+        parts.append(f"tau {fmt(100 * float(p['tau']))}%")
+    if "tau_nats" in p:
+        parts.append(f"tau {p['tau_nats']} nat")
+    for key, label in (("n", "N = "), ("n_min", "N >= "), ("distance", ""),
+                       ("layer", "layer "), ("head", "head "),
+                       ("window_length", "L "), ("background", ""), ("regime", "")):
+        if key in p:
+            parts.append(f"{label}{p[key]}")
+    if "scoring" in p:
+        parts.append("all targets" if p["scoring"] == "all" else "final 128 targets")
+    return ", ".join(parts) or "-"
 
 
 def _references_section(tables: dict, unavailable: dict) -> str:
@@ -167,32 +199,38 @@ def _references_section(tables: dict, unavailable: dict) -> str:
         match = ref[ref["kind"] == "match"]
         context = ref[ref["kind"] == "context"]
         if len(match):
+            match = match.assign(setting=match["params"].map(setting_text))
             measured = match[match["measured"].notna()]
+            rest = match[match["measured"].isna()]
             parts.append(f"<h3>The paper's models: published beside ours</h3><p>"
                          f"{len(match)} published values of the study's models and corpora, "
                          f"{len(measured)} measured here in the same setting (difference = "
-                         "ours - published). The rest are settings the study did not run "
-                         "(shown below the measured ones).</p>")
-            shown = pd.concat([measured, match[match["measured"].isna()]])
-            parts.append(table_html(shown[_REF_SHOWN].rename(columns={
-                "published_text": "published", "measured": "ours", "quote": "note",
-                "our_setting": "our run"}).set_index(["model", "corpus", "quantity",
-                                                      "params"]),
-                table_id="reference-values"))
+                         "ours - published).</p>")
+            if len(measured):
+                parts.append(table_html(measured[_REF_SHOWN].rename(columns=_REF_NAMES)
+                                        .set_index(["model", "corpus", "quantity"]),
+                                        table_id="reference-values"))
+            if len(rest):
+                cols = ["model", "corpus", "quantity", "published_text", "setting",
+                        "location", "quote"]
+                parts.append(f"<details><summary>{len(rest)} published values in settings "
+                             "this study did not run</summary>" + table_html(
+                                 rest[cols].rename(columns=_REF_NAMES).set_index(
+                                     ["model", "corpus", "quantity"]),
+                                 table_id="reference-unmeasured") + "</details>")
         if len(context):
             parts.append("<h3>Models the paper did not run: its range as context</h3><p>"
                          "The published range over the paper's models in the same setting "
                          "(ranking, deletion or renormalisation, tau, N, distance), on the "
                          "paper's corpus and window length, beside our measurement on ours: "
                          "context for scale, never a match.</p>")
-            cols = ["model", "corpus", "quantity", "params", "published_text",
-                    "paper_models", "paper_corpus", "measured", "our_setting", "location"]
+            context = context.assign(setting=context["params"].map(setting_text))
+            cols = ["model", "corpus", "quantity", "published_text", "paper_corpus",
+                    "measured", "setting", "location", "our_setting", "paper_models"]
             cols = [c for c in cols if c in context.columns]
             parts.append(table_html(context[cols].rename(columns={
-                "published_text": "paper's range", "measured": "ours",
-                "paper_corpus": "paper's corpus",
-                "our_setting": "our run", "paper_models": "paper's models"}).set_index(
-                ["model", "corpus", "quantity", "params"]), table_id="reference-context"))
+                **_REF_NAMES, "published_text": "paper's range"}).set_index(
+                ["model", "corpus", "quantity"]), table_id="reference-context"))
     elif ref is not None and len(ref):
         shown = ref.set_index(["model", "corpus", "quantity", "params"])[
             ["published", "measured", "source", "location", "quote"]]
