@@ -135,6 +135,20 @@ def test_two_processes_write_the_tables_of_one(command, tmp_path):
     assert done.stdout.count("results:") == 1  # one process prints
 
 
+def test_the_first_process_counts_every_process_windows(tmp_path):
+    """Under torchrun the one progress line (rank 0's) reaches the total: the other
+    process's windows are counted by their shards, and the bar leaves a final line."""
+    args = ["analyze", *[a for a in ANALYSIS if a != "--quiet"], "--n-windows", "4",
+            "--batch-size", "1", "--n-grid", "1,2", "--analyses", "metrics",
+            "--out", str(tmp_path / "run")]
+    done = _torchrun(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    finals = [line for line in done.stderr.replace("\r", "\n").splitlines()
+              if "windows in" in line]
+    assert len(finals) == 1 and finals[0].strip().startswith("analyze (96 tok/window): 4 "
+                                                             "windows in"), finals
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (Linux /proc)."""
     kids = []
