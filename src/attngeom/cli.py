@@ -14,7 +14,8 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
 def _metavar(tp) -> str | None:
@@ -72,10 +73,28 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add_quiet(p)
 
 
+@dataclass(frozen=True)
+class Tool:
+    """A command that is not a run of ``config.COMMANDS`` (report, compare, check,
+    reproduce, demo): its help, the arguments it adds, and what it does with them.
+    Adding one is one entry of ``TOOLS`` (plus its function in ``api``)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+    description: str | None = None
+
+
 def _report_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's results directory")
     _add_out(p, "write the report here instead of RUN_DIR/report (a run one cannot write "
              "to)")
+
+
+def _report(args) -> None:
+    from attngeom import api
+
+    print(f"report: {api.report(args.run_dir, args.out)}")
 
 
 def _compare_parser(p: argparse.ArgumentParser) -> None:
@@ -83,10 +102,22 @@ def _compare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_b", metavar="RUN_B", help="another run of the same model")
 
 
+def _compare(args) -> None:
+    from attngeom import api
+
+    print(api.compare(args.run_a, args.run_b))
+
+
 def _check_parser(p: argparse.ArgumentParser) -> None:
     from attngeom.config import RunConfig
 
     _add_config_options(p, RunConfig, only=("model", "device", "dtype"))
+
+
+def _check(args) -> None:
+    from attngeom import api
+
+    print(api.check(**_options(args)))
 
 
 def _reproduce_parser(p: argparse.ArgumentParser) -> None:
@@ -101,22 +132,35 @@ def _reproduce_parser(p: argparse.ArgumentParser) -> None:
     _add_quiet(p)
 
 
+def _reproduce(args) -> None:
+    from attngeom import api
+
+    _print_study(api.reproduce(args.study, args.out, dry_run=args.dry_run,
+                               overwrite=args.overwrite, progress=not args.quiet))
+
+
 def _demo_parser(p: argparse.ArgumentParser) -> None:
     _add_out(p, "results directory", default="runs/demo")
     _add_quiet(p)
 
 
-# the commands that are not runs of config.COMMANDS: name -> (help, description, options)
+def _demo(args) -> None:
+    from attngeom import api
+
+    _print_study(api.demo(args.out, progress=not args.quiet))
+
+
 TOOLS = {
-    "report": ("build RUN_DIR/report/index.html", None, _report_parser),
-    "compare": ("regime stability between two runs", None, _compare_parser),
-    "check": ("run the load-time self-checks on a model", None, _check_parser),
-    "reproduce": ("every run of a study file, then one study report",
-                  "Run every model x corpus cell of STUDY (a TOML file, or demo, paper, "
-                  "followup) through the common runner, skipping finished cells and "
-                  "resuming unfinished ones, then the cross-corpus and cross-model steps, "
-                  "then DIR/report/index.html.", _reproduce_parser),
-    "demo": ("the demo study (studies/demo.toml) on the shipped models", None, _demo_parser),
+    "report": Tool("build RUN_DIR/report/index.html", _report_parser, _report),
+    "compare": Tool("regime stability between two runs", _compare_parser, _compare),
+    "check": Tool("run the load-time self-checks on a model", _check_parser, _check),
+    "reproduce": Tool(
+        "every run of a study file, then one study report", _reproduce_parser, _reproduce,
+        "Run every model x corpus cell of STUDY (a TOML file, or demo, paper, followup) "
+        "through the common runner, skipping finished cells and resuming unfinished "
+        "ones, then the cross-corpus and cross-model steps, then DIR/report/index.html."),
+    "demo": Tool("the demo study (studies/demo.toml) on the shipped models", _demo_parser,
+                 _demo),
 }
 
 
@@ -135,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_run_options(p)
         _add_config_options(p, spec.config)
         p.add_argument("--report", action="store_true", help="also build the HTML report")
-    for name, (help_text, description, add) in TOOLS.items():
-        add(sub.add_parser(name, help=help_text, description=description or help_text))
+    for name, tool in TOOLS.items():
+        tool.add_arguments(sub.add_parser(name, help=tool.help,
+                                          description=tool.description or tool.help))
     return parser
 
 
@@ -167,24 +212,8 @@ def _run(args: argparse.Namespace) -> int:
             if args.report:
                 print(f"report: {api.report(res.out_dir)}")
         return 0
-    if args.command == "report":
-        print(f"report: {api.report(args.run_dir, args.out)}")
-        return 0
-    if args.command == "compare":
-        print(api.compare(args.run_a, args.run_b))
-        return 0
-    if args.command == "check":
-        print(api.check(**_options(args)))
-        return 0
-    if args.command == "reproduce":
-        res = api.reproduce(args.study, args.out, dry_run=args.dry_run,
-                            overwrite=args.overwrite, progress=not args.quiet)
-        _print_study(res)
-        return 0
-    if args.command == "demo":
-        _print_study(api.demo(args.out, progress=not args.quiet))
-        return 0
-    raise AssertionError(args.command)
+    TOOLS[args.command].run(args)
+    return 0
 
 
 def _print_study(res) -> None:
