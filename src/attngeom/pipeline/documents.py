@@ -214,7 +214,7 @@ def protocol_windows(config, tokenizer, docs: Sequence[str], info, *, n_windows=
     import dataclasses
 
     from attngeom.capture.loading import inspect_model
-    from attngeom.pipeline.runner import label_of
+    from attngeom.pipeline.labels import label_of
     from attngeom.pipeline.windows import BoundaryPolicy
 
     shape = inspect_model(config.model) or {}
