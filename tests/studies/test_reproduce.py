@@ -67,6 +67,9 @@ def test_regime_stability_between_corpora_matches_compare(tiny_study):
 def test_geometry_loss_is_spearman_over_the_shared_n(tiny_study):
     _, out, _ = tiny_study
     gl = read_table(out / "tables", "geometry_loss")
+    # each corpus alone over every N (the corpora-averaged rows: tests/studies/test_combine)
+    assert set(gl[gl["averaged"]]["corpus"]) == {"tiny+wiki"}
+    gl = gl[~gl["averaged"] & (gl["n_min"] == 1) & (gl["rule"] == "attention")]
     assert set(zip(gl["model"], gl["corpus"], strict=True)) == {("stories", "tiny"),
                                                                  ("stories", "wiki")}
     assert set(gl["ns"]) == {"1,2,4,8"} and not gl["renormalize"].any()
