@@ -231,3 +231,19 @@ def test_the_report_says_a_setting_in_words():
                         '"layer": 0, "head": 12, "n": 128}') == \
         "attention, deleted, head only, N = 128, layer 0, head 12"
     assert setting_text("{}") == "-" and setting_text("not json") == "not json"
+
+
+def test_the_study_figures_draw_table1_and_every_ranking(two_corpora):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from attngeom.figures.study import fig_study_restrict, fig_study_table1
+
+    summary, restrict, _ = two_corpora
+    drawn = fig_study_table1(geometry_loss(summary, restrict))
+    # two distances x two rankings x three N ranges, one bar per averaged model
+    assert len(drawn.data) == 12
+    assert all(len(v) == 1 for v in drawn.data.values())
+    drawn = fig_study_restrict(restrict)
+    assert len(drawn.lines) == 2 * 3  # corpora x rankings (deleted only here)
+    assert any("random" in label for label in drawn.lines)

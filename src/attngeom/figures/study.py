@@ -166,34 +166,83 @@ def fig_study_pruning(pruning, *, models=None, corpora=None) -> Drawn:
     return drawn
 
 
+_RANKING_MARKERS = {"attention": "o", "contribution": "s", "random": "^"}
+
+
 @styled
 def fig_study_restrict(restrict, *, models=None, corpora=None) -> Drawn:
     """Whole-model top-N restriction: relative delta-NLL against N for every model and
-    corpus, without renormalisation (solid markers) and with it (open markers)."""
+    corpus, one line per ranking (marker: o attention, s contribution, ^ random), deleted
+    (solid markers) and renormalised (open markers); every N the search tried."""
     fig, ax = style.new_figure(style.COLUMN_WIDTH * 1.6, style.PANEL_HEIGHT * 1.3)
     rows = restrict[restrict["scope"] == "model"]
+    if "ranking" not in rows.columns:
+        rows = rows.assign(ranking="attention")
     drawn = Drawn(ax=ax)
     groups = _groups(rows)
     looks = _styles(groups, models, corpora)
     for key in groups:
         color, dash = looks[key]
-        for renorm in (False, True):
-            g = rows[(rows["model"] == key[0]) & (rows["corpus"] == key[1])
-                     & (rows["renormalize"] == renorm)].sort_values("n")
-            if not len(g):
-                continue
-            label = f"{key[0]} / {key[1]}" + (" (renormalised)" if renorm else "")
-            (line,) = ax.plot(g["n"], g["delta_nll_rel"].clip(lower=1e-4), color=color,
-                              linestyle=dash, marker="o",
-                              markerfacecolor="white" if renorm else color, label=label)
-            drawn.lines[label] = line
-            drawn.data[label] = g[["n", "delta_nll_rel"]].reset_index(drop=True)
+        for ranking in dict.fromkeys(rows["ranking"]):
+            for renorm in (False, True):
+                g = rows[(rows["model"] == key[0]) & (rows["corpus"] == key[1])
+                         & (rows["ranking"] == ranking)
+                         & (rows["renormalize"] == renorm)].sort_values("n")
+                if not len(g):
+                    continue
+                label = (f"{key[0]} / {key[1]} / {ranking}"
+                         + (" (renormalised)" if renorm else ""))
+                (line,) = ax.plot(g["n"], g["delta_nll_rel"].clip(lower=1e-4), color=color,
+                                  linestyle=dash, marker=_RANKING_MARKERS.get(ranking, "o"),
+                                  markersize=3.5, markerfacecolor="white" if renorm else color,
+                                  label=label)
+                drawn.lines[label] = line
+                drawn.data[label] = g[["n", "delta_nll_rel"]].reset_index(drop=True)
     style.set_n_axis(ax, rows["n"].unique())
     ax.set_yscale("log")
     style.plain_log_ticks(ax.yaxis)
     ax.set_ylabel("relative delta-NLL (floored at 1e-4)")
     if drawn.lines:
-        drawn.legend = ax.legend(fontsize="small", loc="best")
+        drawn.legend = ax.legend(fontsize="x-small", loc="best")
+    return drawn
+
+
+@styled
+def fig_study_table1(geometry_loss, *, models=None, corpora=None) -> Drawn:
+    """The follow-up's Table 1 as bars: Spearman of F_N against relative delta-NLL (both
+    averaged over the corpora), per model, for N >= 1, 2 and 8, one panel per distance,
+    attention (solid) and contribution (hatched) rankings."""
+    rows = geometry_loss
+    if "averaged" in rows.columns and rows["averaged"].any():
+        rows = rows[rows["averaged"].astype(bool)]
+    distances = list(dict.fromkeys(rows["distance"]))
+    fig, axes = style.new_figure(style.COLUMN_WIDTH * 1.1 * len(distances),
+                                 style.PANEL_HEIGHT * 1.2, ncols=len(distances),
+                                 squeeze=False)
+    drawn = Drawn(ax=axes[0, 0])
+    n_mins = sorted(int(x) for x in rows["n_min"].unique()) if "n_min" in rows else [1]
+    labels = list(dict.fromkeys(f"{m} / {c}" for m, c in zip(rows["model"], rows["corpus"],
+                                                            strict=True)))
+    rankings = [r for r in ("attention", "contribution") if r in set(rows["rule"])]
+    width = 0.8 / max(len(n_mins) * len(rankings), 1)
+    for ax, distance in zip(axes[0], distances, strict=True):
+        d = rows[rows["distance"] == distance]
+        for j, (ranking, n_min) in enumerate((r, n) for r in rankings for n in n_mins):
+            g = d[(d["rule"] == ranking) & (d.get("n_min", 1) == n_min)]
+            ys = [g[(g["model"] + " / " + g["corpus"]) == lab]["spearman"].mean()
+                  for lab in labels]
+            xs = np.arange(len(labels)) + (j - (len(n_mins) * len(rankings) - 1) / 2) * width
+            bars = ax.bar(xs, np.nan_to_num(ys), width, color=style.color_cycle(
+                n_mins.index(n_min)), hatch="////" if ranking == "contribution" else None,
+                edgecolor="0.3", linewidth=0.4, label=f"{ranking}, N >= {n_min}")
+            drawn.data[f"{distance} / {ranking} / N >= {n_min}"] = ys
+            drawn.lines[f"{distance} / {ranking} / N >= {n_min}"] = bars
+        ax.axhline(0.0, color="0.5", linewidth=0.6)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize="small")
+        ax.set_title(distance, fontsize="small")
+    axes[0, 0].set_ylabel("Spearman of F_N and delta-NLL over N")
+    drawn.legend = axes[0, -1].legend(fontsize="x-small", loc="lower left")
     return drawn
 
 
@@ -213,5 +262,12 @@ STUDY_FIGURES = (
      "Perplexity on held-out windows relative to the full model as heads are removed in "
      "each ranker's order (random: mean over seeds)."),
     ("study-restrict", "Top-N restriction", "restrict", fig_study_restrict,
-     "Relative delta-NLL when every head keeps only its N most-attended keys."),
+     "Relative delta-NLL when every head keeps only its N top-ranked keys (attention, "
+     "contribution alpha ||v|| or random), deleted or renormalised, at every N the "
+     "adaptive N* search tried."),
+    ("study-table1", "Geometry against loss (the follow-up's Table 1)", "geometry_loss",
+     fig_study_table1,
+     "Spearman correlation over N of F_N and the restriction's relative delta-NLL, both "
+     "averaged over the corpora first, for N >= 1, 2 and 8 (colour), attention (solid) "
+     "and contribution (hatched) ranking; one panel per distance."),
 )
