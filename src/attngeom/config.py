@@ -275,7 +275,8 @@ class AnalysisConfig(RunConfig):
                               "sink and the most frequent single other source) or lumped")
     sink_min_occurrences: int = option(5, help="a token is a sink of a head only when "
                                        "analysed queries saw it at least this many times")
-    sink_min_windows: int = option(3, help="... and in at least this many windows")
+    sink_min_windows: int = option(3, help="a sink token must also occur in at least this "
+                                   "many windows")
 
     def __post_init__(self) -> None:
         super().__post_init__()
