@@ -9,7 +9,8 @@ from attngeom.studies import presets
 from attngeom.studies.presets import PRESETS, estimate_memory_gb, preset
 
 # families whose heads x head_dim is documented to differ from the hidden size
-WIDE_HEADS = {"gemma-7b": (4096, 3072), "gemma-2-9b": (4096, 3584)}
+WIDE_HEADS = {"gemma-7b": (4096, 3072), "gemma-2-9b": (4096, 3584),
+              "mistral-small-24b": (4096, 5120)}
 
 # the models the brief and the papers name, each with its hub id
 EXPECTED = {
@@ -21,6 +22,7 @@ EXPECTED = {
     "gemma-2-9b": "google/gemma-2-9b",
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
     "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
+    "mistral-small-24b": "mistralai/Mistral-Small-24B-Base-2501",
     "qwen-2.5-1.5b": "Qwen/Qwen2.5-1.5B",
     "qwen-2.5-7b": "Qwen/Qwen2.5-7B",
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
