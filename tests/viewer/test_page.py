@@ -167,13 +167,18 @@ SLIDE = ("(() => { const s = document.getElementById('n-slider'); s.value = INDE
          "s.dispatchEvent(new Event('input')); return +s.max; })()")
 
 
+HASH = ("new Promise(done => { location.hash = '#ID'; setTimeout(() => "
+        "done(+document.getElementById('pair').value), 100); })")
+
+
 def test_the_page_in_chromium(long_page, browser, tmp_path):
     shot = tmp_path / "viewer.png"
     steps = [STATE, SLIDE.replace('INDEX', '0'), STATE, SLIDE.replace('INDEX', '7'), STATE,
              "window.attngeomViewer.setDistance('cosine')", STATE,
              "window.attngeomViewer.setRanking('contribution')", STATE,
              "window.attngeomViewer.setPair(5)", STATE,
-             "document.getElementById('bars').rows.length"]
+             "document.getElementById('bars').rows.length",
+             HASH.replace("ID", "L0H2t900"), HASH.replace("ID", "L1H1")]
     page = drive_page(browser, long_page.as_uri(), steps, user_data_dir=tmp_path / "profile",
                       screenshot=shot)
     assert page.console_errors == []
@@ -196,6 +201,8 @@ def test_the_page_in_chromium(long_page, browser, tmp_path):
     assert contribution["view"] == "contribution|cosine"
     assert other["pair"] == 5 and other["n"] == data["pairs"][5]["default_n"]
     assert page.values[11] >= 25  # the bars: a header and 24 keys or more
+    # a link to one head's row: the URL fragment picks the pair (4 queries a head)
+    assert page.values[12:] == [2 * 4 + 1, 4 * 4]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     artifacts = os.environ.get("ATTNGEOM_ARTIFACTS")
     if artifacts:

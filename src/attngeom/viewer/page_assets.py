@@ -9,7 +9,8 @@ the bars of alpha and alpha ||v|| of the leading keys with their text, and a str
 both over every position. After each draw the canvas carries ``data-n``,
 ``data-rho-max-px``, ``data-rho-min-px`` and ``data-selected`` (what the browser test
 reads); ``window.attngeomViewer`` exposes ``setPair``, ``setN``, ``setRanking`` and
-``setDistance``.
+``setDistance``. A URL fragment picks the pair: ``#L3H2`` (layer 3, head 2, its first
+query) or a pair's full id (``#L3H2t47``), so a report can link each head's row.
 """
 
 STYLE = """
@@ -443,8 +444,17 @@ function hover(ev, canvas) {
   tip.style.display = "block";
 }
 
+function fromHash() {  // #L3H2 (the first query of layer 3, head 2) or a pair's full id
+  const h = decodeURIComponent(location.hash.slice(1));
+  if (!h) return 0;
+  let i = DATA.pairs.findIndex(p => p.id === h);
+  if (i < 0) i = DATA.pairs.findIndex(p => p.id.startsWith(h + "t"));
+  return Math.max(i, 0);
+}
+
 build();
-setPair(0);
+setPair(fromHash());
+window.addEventListener("hashchange", () => setPair(fromHash()));
 window.attngeomViewer = {
   state, setPair, setN,
   setRanking: r => { state.ranking = r; document.getElementById("ranking-" + r).checked = true; draw(); },
