@@ -209,7 +209,7 @@ def test_toy_extensions_run_end_to_end(tiny_llama, toy_analysis, toy_ranker, toy
     # the analysis, through the CLI (its name is a valid --analyses value) and the API
     assert main(["analyze", "--model", tiny_llama, "--corpus", str(TINYSTORIES_PATH),
                  "--window-length", "16", "--n-windows", "3", "--batch-size", "2",
-                 "--analyses", f"sink,{toy_analysis}", "--bootstrap", "0", "--quiet",
+                 "--analyses", toy_analysis, "--bootstrap", "0", "--quiet",
                  "--out", str(tmp_path / "a")]) == 0
     share = read_table(tmp_path / "a", TOY_TABLE)
     assert len(share) == 2 * 4 and share["share"].between(0, 1).all()
