@@ -1,8 +1,11 @@
 """``attngeom``: a thin command line over :mod:`attngeom.api`.
 
-Every option of a run command comes from its configuration's fields
-(``attngeom.config``), with the field's help text and default, so an option is
-declared once; values are passed to the configuration as given and validated there.
+The run commands are those declared in ``config.COMMANDS`` (``@command``): each gets
+a subcommand, its help, and one option per field of its configuration, with the
+field's help text and default, so a command and an option are each declared once;
+values are passed to the configuration as given and validated there. What a run
+prints is ``api.summary`` (``report/text.py``); the CLI formats nothing itself. The
+other commands are the ``TOOLS`` entries.
 Errors of the package become one line on stderr and exit status 2; nothing heavy is
 imported before a command runs, so ``attngeom --help`` is quick.
 """
