@@ -178,3 +178,18 @@ def test_figure_draws_the_circles(stories):
     png = view._repr_png_()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "layer 3 head 2" in view.describe(4)
+
+
+def test_a_view_becomes_a_page(stories, tmp_path):
+    model, tokenizer = stories
+    view = inspect(model, PROMPT, layer=1, head=4, ranking="contribution", distance="cosine",
+                   tokenizer=tokenizer, figure=False)
+    assert list(view.views) == [("contribution", "cosine")]
+    before = view.metrics(8)
+    html = view.to_html(tmp_path / "one.html")
+    assert len(view.views) == 4 and set(view.ghosts) == {"euclidean", "cosine"}
+    assert view.metrics(8) == before  # the views added leave the first one as it was
+    assert (tmp_path / "one.html").read_text(encoding="utf-8") == html
+    assert '"attention|euclidean"' in html and '"contribution|cosine"' in html
+    frame = view._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and "<script" not in frame

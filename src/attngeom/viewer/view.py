@@ -84,6 +84,7 @@ class HeadView:
     distance: str = "euclidean"
     seed: int = 0
     figure: Any = field(default=None, repr=False)
+    row: Any = field(default=None, repr=False)  # the captured row (``_Row``), for more views
 
     @property
     def geometry(self) -> SelectionGeometry:
@@ -136,6 +137,34 @@ class HeadView:
             f"inversions = {int(m['inversions'])}",
         ])
 
+    def complete(self) -> HeadView:
+        """Add the views of both rankings and both distances (the page shows all four)."""
+        add_views(self, RULES[:2], DISTANCES)
+        return self
+
+    def to_html(self, path=None) -> str:
+        """The viewer page of this one head and query (every ranking and distance, the N
+        slider); written to ``path`` when given. Returns the HTML."""
+        from attngeom.viewer.page import page_html, view_payload
+
+        self.complete()
+        title = f"attngeom geometry viewer: {self.model} L{self.layer} H{self.head}"
+        html = page_html({"title": title, "model": self.model,
+                          "source": "prompt" if self.window is None else
+                          f"window {self.window}", "sequences": {"w": self.tokens},
+                          "pairs": [view_payload(self, "w")]}, title)
+        if path is not None:
+            Path(path).write_text(html, encoding="utf-8")
+        return html
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the page itself (the N slider, both rankings and distances), in an
+        iframe so that its script and style stay its own."""
+        import html
+
+        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" '
+                'style="width:100%;height:1250px;border:0"></iframe>')
+
     def _repr_png_(self):  # a notebook shows the figure
         import io
 
@@ -177,13 +206,6 @@ def build_view(rows: LayerRows, *, model: str, head: int, query: int, token_ids,
         raise ConfigError(f"n_max: expected None or an integer >= 0, got {n_max!r}")
     cap = max(n_grid) if n_max is None else n_max  # 0: the grid's N only
     ns = check_ns(sorted(set(n_grid) | set(range(1, cap + 1))), size)
-    kwargs = dict(query=query, seed=seed, window=0 if window is None else window,
-                  layer=rows.layer, head=head)
-    views = {(r, d): selection_geometry(alpha, values, universe, ns, rule=r, distance=d,
-                                        **kwargs)
-             for r in rules for d in distances}
-    ghosts = {d: selection_geometry(alpha, values, universe, ns, rule="random", distance=d,
-                                    **kwargs) for d in distances}
     a = alpha.to(torch.float64)[keys].numpy()
     v = values.to(torch.float64)[keys].numpy()
     norm = np.sqrt((v * v).sum(-1))
@@ -191,13 +213,6 @@ def build_view(rows: LayerRows, *, model: str, head: int, query: int, token_ids,
     y = a[:, None] * v
     z = y.sum(0)
     angles, axes, (z_angle,) = principal_angles(y, z)
-    ghost_angles = {d: np.array([float(np.arctan2(*(s @ axes.T)[::-1]))
-                                 for s in g.aggregates]) for d, g in ghosts.items()}
-    out_d, ghost_d = {}, {}
-    for (r, d), view in views.items():
-        out_d[(r, d)] = np.array([vector_distance(z, s, d) for s in view.aggregates])
-        ghost_d[(r, d)] = np.array([vector_distance(gs, s, d) for gs, s in
-                                    zip(ghosts[d].aggregates, view.aggregates, strict=True)])
     # the winner of method §7: argmax alpha ||v||, ties to the smaller position (the
     # norms as the core computes them)
     from attngeom.core.batch import ValueStats
@@ -205,16 +220,57 @@ def build_view(rows: LayerRows, *, model: str, head: int, query: int, token_ids,
 
     core_norms = ValueStats(values[None].float()).norms
     winner = int(source_winners(alpha[None, None], core_norms, universe[None, None])[0, 0])
-    keys_np = keys.numpy()
-    shown = _shown_keys(keys_np, contrib, views, ghosts, query, winner, top_keys)
-    return HeadView(
+    view = HeadView(
         model=model, layer=rows.layer, head=head, query=query, window=window,
-        token_ids=np.asarray(token_ids, dtype=np.int64), tokens=list(tokens), keys=keys_np,
-        alpha=a, value_norm=norm, contribution=contrib, angle=angles, winner=winner,
-        regime=regime, ns=ns, n_grid=tuple(int(n) for n in n_grid), views=views,
-        ghosts=ghosts, output_distance=out_d, output_angle=z_angle, ghost_distance=ghost_d,
-        ghost_angles=ghost_angles, shown=shown, ranking=ranking or rules[0],
-        distance=distance or distances[0], seed=seed)
+        token_ids=np.asarray(token_ids, dtype=np.int64), tokens=list(tokens),
+        keys=keys.numpy(), alpha=a, value_norm=norm, contribution=contrib, angle=angles,
+        winner=winner, regime=regime, ns=ns, n_grid=tuple(int(n) for n in n_grid), views={},
+        ghosts={}, output_distance={}, output_angle=z_angle, ghost_distance={},
+        ghost_angles={}, shown=np.zeros(0, dtype=np.int64), ranking=ranking or rules[0],
+        distance=distance or distances[0], seed=seed,
+        row=_Row(alpha, values, universe, axes, z, top_keys))
+    add_views(view, rules, distances)
+    return view
+
+
+@dataclass
+class _Row:
+    """What a ``HeadView`` keeps of its captured row to add rankings or distances later."""
+
+    alpha: torch.Tensor
+    values: torch.Tensor
+    universe: torch.Tensor
+    axes: np.ndarray
+    z: np.ndarray
+    top_keys: int
+
+
+def add_views(view: HeadView, rules: Sequence[str], distances: Sequence[str]) -> None:
+    """Compute the views (and ghosts) of ``rules`` x ``distances`` the view lacks."""
+    row = view.row
+    kwargs = dict(query=view.query, seed=view.seed,
+                  window=0 if view.window is None else view.window, layer=view.layer,
+                  head=view.head)
+    for d in distances:
+        if d not in view.ghosts:
+            g = selection_geometry(row.alpha, row.values, row.universe, view.ns,
+                                   rule="random", distance=d, **kwargs)
+            view.ghosts[d] = g
+            view.ghost_angles[d] = np.array([float(np.arctan2(*(s @ row.axes.T)[::-1]))
+                                             for s in g.aggregates])
+        for r in rules:
+            if (r, d) in view.views:
+                continue
+            geo = selection_geometry(row.alpha, row.values, row.universe, view.ns, rule=r,
+                                     distance=d, **kwargs)
+            view.views[(r, d)] = geo
+            view.output_distance[(r, d)] = np.array([vector_distance(row.z, s, d)
+                                                     for s in geo.aggregates])
+            view.ghost_distance[(r, d)] = np.array([
+                vector_distance(gs, s, d)
+                for gs, s in zip(view.ghosts[d].aggregates, geo.aggregates, strict=True)])
+    view.shown = _shown_keys(view.keys, view.contribution, view.views, view.ghosts,
+                             view.query, view.winner, row.top_keys)
 
 
 def _shown_keys(keys: np.ndarray, contrib: np.ndarray, views: dict, ghosts: dict, query: int,
