@@ -321,9 +321,11 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
                                    columns="ranker", values="perplexity")))
     hs = tables.get("head_scan")
     if hs is not None and len(hs):
-        top = hs.sort_values("delta_nll_rel", ascending=False).groupby(
-            ["model", "corpus"]).head(3)
-        out.append(("Most critical heads (single-head removal)", top.set_index(
+        critical = hs[hs["critical"].astype(bool)]  # only heads marked critical
+        top = (critical if len(critical) else hs).sort_values(
+            "delta_nll_rel", ascending=False).groupby(["model", "corpus"]).head(3)
+        out.append(("Most critical heads (single-head removal)" if len(critical) else
+                    "No head is critical: the largest single-head effects", top.set_index(
             ["model", "corpus", "layer", "head"])[["delta_nll_rel", "critical"]]))
     return out
 
