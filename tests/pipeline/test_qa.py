@@ -194,11 +194,11 @@ def test_positional_control_cuts_every_path_but_initial_and_self(stories) -> Non
 def test_probe_tables(stories) -> None:
     model, tok = stories
     sentences = qa.split_sentences(BACKGROUND_TEXT)
-    episodes = qa.generate_episodes(4, seed=0)
+    episodes = qa.generate_episodes(2, seed=0)
     examples = {b: qa.build_examples(episodes, tok, b, sentences=sentences, seed=0)
                 for b in (0, 40)}
     frames = qa_probe(model, tok, examples, selections=(Selection("attention", False),),
-                      positional=True, grid_max=4, refine=1, extend=False, n_boot=50,
+                      positional=True, grid_max=2, refine=1, extend=False, n_boot=50,
                       model_name="stories260K")
     answers = frames["qa_answers"]
     assert answers["background"].tolist() == [0, 40]
@@ -212,7 +212,14 @@ def test_probe_tables(stories) -> None:
         assert answers.set_index("background").loc[b, "loss"] == pytest.approx(
             rows["loss"].mean())
     curve = frames["qa_curve"]
-    assert {1, 2, 4} <= set(curve["n"]) <= {1, 2, 3, 4}
+    assert set(curve["n"]) == {1, 2}
+    nstar = frames["qa_nstar"]
+    for _, row in nstar.iterrows():  # the smallest tried N within tau, else none (> grid)
+        sub = curve[(curve.background == row.background) & (curve.ranking == row.ranking)]
+        passing = sub[sub.delta_loss <= row.tau]["n"]
+        want = int(passing.min()) if len(passing) else None
+        got = None if row.nstar is None or row.nstar != row.nstar else int(row.nstar)
+        assert got == want
 
 
 def test_bad_input_one_line_each(stories, smol_tokenizer, tmp_path) -> None:
@@ -247,3 +254,33 @@ def test_bad_input_one_line_each(stories, smol_tokenizer, tmp_path) -> None:
                                  ).strip() == "Mary went to the garden."
     with pytest.raises(CorpusError, match="does not exist"):
         qa.load_babilong(smol_tokenizer, source=tmp_path / "none.jsonl")
+
+
+def test_chat_candidates_open_the_assistant_turn(smol_tokenizer) -> None:
+    assert qa.candidate_prefix("chat") == "" and qa.candidate_prefix("plain") == " "
+    cands = qa.candidate_tokens(smol_tokenizer, prefix="")
+    assert not cands.collide and cands.prefix == ""
+    assert [smol_tokenizer.decode(list(t)) for t in cands.tokens] == list(qa.LOCATIONS)
+
+
+def test_competition_entry_point(stories, tmp_path) -> None:
+    from attngeom.pipeline.competition import competition
+
+    model, tok = stories
+    frames = competition(model, "qa", tokenizer=tok, backgrounds=(0,), n_episodes=2,
+                         nstar=False, n_boot=20, model_name="stories260K")
+    settings = dict(zip(frames["competition_settings"]["setting"],
+                        frames["competition_settings"]["value"], strict=True))
+    assert settings["prompt_format"] == "plain"  # no chat template: auto picks plain
+    assert settings["candidate_scoring"] == "mean continuation log-probability"
+    assert frames["qa_answers"]["n_examples"].tolist() == [2]
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(" ".join(f"Doc {k} says the cat sat {i} times."
+                                           for i in range(12)) for k in range(3)))
+    frames = competition(model, "context", tokenizer=tok, corpus=str(corpus),
+                         lengths=(16, 32), n_documents=2, tail=8, context_taus=(0.1,),
+                         n_boot=20)
+    assert sorted(frames["context_nstar"]["length"].unique()) == [16, 32]
+    assert len(frames["context_slope"]) == 2  # tail and all, one tau
+    with pytest.raises(ConfigError, match="probe"):
+        competition(model, "maze", tokenizer=tok)

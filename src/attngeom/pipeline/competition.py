@@ -140,9 +140,10 @@ def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds
                       positional=positional, taus=taus, nstar=nstar, grid_max=grid_max,
                       extend=extend, n_boot=n_boot, seed=seed, model_name=name,
                       progress=progress)
-    rule = qa.candidate_tokens(tokenizer).rule
+    cands = qa.candidate_tokens(tokenizer, prefix=qa.candidate_prefix(prompt_format))
     frames["competition_settings"] = _settings(
-        probe="qa", model=name, prompt_format=prompt_format, candidate_scoring=rule,
+        probe="qa", model=name, prompt_format=prompt_format, candidate_scoring=cands.rule,
+        candidate_prefix=repr(cands.prefix),
         corpus=corpus_name, seed=seed, n_episodes=n_episodes, facts=f"{facts[0]}-{facts[1]}",
         backgrounds=",".join(str(b) for b in sorted(examples)),
         selections=",".join(s.label for s in selections) + (",positional/deletion"

@@ -26,7 +26,8 @@ builds that test from scratch, so nothing has to be downloaded:
   support S is the supporting sentence's tokens, the context T_x every token of the
   input field.
 - **answers**: the six candidates are scored by the final prompt position's logit of
-  the first token of " " + candidate; answer loss = cross-entropy over the six (float64
+  the first token of " " + candidate (plain; in a chat prompt the candidate opens the
+  assistant turn, so without the space); answer loss = cross-entropy over the six (float64
   log-sum-exp); the prediction is the arg max, ties to the first in sorted order. When
   two candidates share a first token each is scored instead by the mean log-probability
   of its whole continuation, and the result says so (``Candidates.rule``).
@@ -457,25 +458,34 @@ class Candidates:
     first: tuple[int, ...]
     tokens: tuple[tuple[int, ...], ...]
     rule: str
+    prefix: str = " "
 
     @property
     def collide(self) -> bool:
         return self.rule != "first-token logit"
 
 
-def candidate_tokens(tokenizer, names: Sequence[str] = LOCATIONS) -> Candidates:
-    """Tokenise " " + each candidate without special tokens; say how they are scored."""
+def candidate_prefix(prompt_format: str) -> str:
+    """What precedes a candidate: " " after the plain prompt's "Answer:" (the paper's
+    rule); nothing at the start of an opened chat assistant turn."""
+    return "" if prompt_format == "chat" else " "
+
+
+def candidate_tokens(tokenizer, names: Sequence[str] = LOCATIONS, *,
+                     prefix: str = " ") -> Candidates:
+    """Tokenise ``prefix`` + each candidate without special tokens; say how they are
+    scored."""
     names = tuple(sorted(set(names)))
     if len(names) < 2:
         raise ConfigError(f"expected at least two answer candidates, got {list(names)}")
-    tokens = tuple(tuple(tokenizer(" " + a, add_special_tokens=False)["input_ids"])
+    tokens = tuple(tuple(tokenizer(prefix + a, add_special_tokens=False)["input_ids"])
                    for a in names)
     if any(not t for t in tokens):
         raise ConfigError("a candidate tokenises to nothing; expected non-empty candidates")
     first = tuple(t[0] for t in tokens)
     rule = ("first-token logit" if len(set(first)) == len(first)
             else "mean continuation log-probability")
-    return Candidates(names=names, first=first, tokens=tokens, rule=rule)
+    return Candidates(names=names, first=first, tokens=tokens, rule=rule, prefix=prefix)
 
 
 def answer_loss(scores: torch.Tensor, answer: int) -> tuple[float, int]:

@@ -38,6 +38,7 @@ from attngeom.pipeline.qa import (
     Candidates,
     QAExample,
     answer_loss,
+    candidate_prefix,
     candidate_scores,
     candidate_tokens,
     screen,
@@ -184,8 +185,10 @@ def qa_probe(model, tokenizer, examples: Mapping[int, Sequence[QAExample]], *,
     chosen = list(selections) + ([Selection("positional", False)] if positional else [])
     for sel in chosen:
         check_ranking(sel.ranking)
-    candidates = candidate_tokens(tokenizer)
     fmt = sorted({ex.prompt_format for v in examples.values() for ex in v})
+    if len(fmt) != 1:
+        raise ConfigError(f"expected examples of one prompt format, got {fmt}")
+    candidates = candidate_tokens(tokenizer, prefix=candidate_prefix(fmt[0]))
     rows_answers, rows_examples, rows_support, rows_summary = [], [], [], []
     rows_curve, rows_nstar = [], []
     common = {"model": model_name, "prompt_format": ",".join(fmt)}
@@ -203,6 +206,7 @@ def qa_probe(model, tokenizer, examples: Mapping[int, Sequence[QAExample]], *,
                              "loss": loss_m, "loss_low": loss_lo, "loss_high": loss_hi,
                              "screen": screen(k / n, loss_m, len(candidates.names)),
                              "scoring": candidates.rule,
+                             "candidate_prefix": repr(candidates.prefix),
                              "prompt_tokens": float(np.mean([e.length for e in exs])),
                              "background_tokens": float(np.mean([e.background_tokens
                                                                  for e in exs]))})
