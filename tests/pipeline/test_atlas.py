@@ -214,3 +214,36 @@ def test_figures_draw_the_tables() -> None:
     assert list(depth.lines["sink"].get_ydata()) == [1.0, 0.0]
     with pytest.raises(ConfigError, match="atlas_contingency"):
         fig_atlas_contingency(out["atlas_contingency"].iloc[:0])
+
+
+def test_teacher_forced_steps_are_greedy_decoding(stories, windows) -> None:
+    """The cheap path (one teacher-forced forward, greedy from the first departure) gives
+    the tokens and copy hits of plain greedy decoding: on a needle the model does not
+    generate (it departs at once), and on the same prompt with its own greedy output as
+    the needle (no departure: every step from the forced forward)."""
+    import inspect
+
+    from attngeom.pipeline import atlas as at
+
+    model, tok = stories
+    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                 else "past_key_values")
+    win = torch.stack([w.input_ids for w in windows])
+    trials = make_needles(tok, win, 512, n_needles=2, needle_length=4, context_lengths=(64,),
+                          seed=3)
+    with torch.no_grad():
+        own = at._greedy(model, trials[0], [], 4, cache_arg)[1]
+    echoed = at.NeedleTrial(trials[0].prompt, trials[0].span, torch.tensor(own),
+                            trials[0].depth)
+    with torch.no_grad():
+        forced = at._forced(model, [trials[0], echoed])
+        for trial, (steps, generated) in zip([trials[0], echoed], forced, strict=True):
+            want_steps, want_tokens = at._greedy(model, trial, [], 4, cache_arg)
+            if len(steps) < 4:
+                more, more_tokens = at._greedy(model, trial, generated, 4 - len(steps),
+                                               cache_arg)
+                steps, generated = steps + more, generated + more_tokens
+            assert generated == want_tokens
+            for got, want in zip(steps, want_steps, strict=True):
+                assert torch.equal(got, want)
+    assert len(forced[1][0]) == 4  # its own greedy output: no departure

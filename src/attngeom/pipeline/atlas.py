@@ -228,43 +228,100 @@ def make_needles(tokenizer, haystack: torch.Tensor, vocab_size: int, *, n_needle
     return trials
 
 
+def _step_hits(alpha_rows: list, keys: torch.Tensor, generated: int, needle_set: set[int],
+               span: tuple[int, int]) -> torch.Tensor:
+    """(L, H) copy hits of one decoding step from each layer's (H, T) attention row."""
+    if generated not in needle_set:
+        return torch.zeros(len(alpha_rows), alpha_rows[0].shape[0], dtype=torch.bool)
+    return torch.stack([hs.retrieval_hits(a, keys.to(a.device), generated, span).cpu()
+                        for a in alpha_rows])
+
+
+def _greedy(model, trial: NeedleTrial, prefix: list[int], n_steps: int, cache_arg: str
+            ) -> tuple[list[torch.Tensor], list[int]]:
+    """Greedy decoding of ``n_steps`` tokens after prompt + ``prefix`` with the key-value
+    cache, one captured row per step: each step's (L, H) hits and token."""
+    device = input_device(model)
+    keys = torch.cat([trial.prompt, torch.tensor(prefix, dtype=torch.int64)])
+    needle_set = set(trial.needle.tolist())
+    ids, past, steps, generated = keys[None].to(device), None, [], []
+    for _ in range(n_steps):
+        rows: list = []
+        with capture_attention(model, rows.append, query_rows=[-1]):
+            out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+        past = getattr(out, cache_arg)
+        g = int(out.logits[0, -1].argmax())
+        rows.sort(key=lambda cap: cap.layer)
+        steps.append(_step_hits([cap.alpha[0, :, -1] for cap in rows], keys, g, needle_set,
+                                trial.span))
+        generated.append(g)
+        keys = torch.cat([keys, torch.tensor([g])])
+        ids = torch.tensor([[g]], device=device)
+    return steps, generated
+
+
+def _forced(model, trials: Sequence[NeedleTrial]) -> list[tuple[list[torch.Tensor], list[int]]]:
+    """Trials of one length in one forward of prompt + needle (teacher forcing): at row
+    C - 1 + s the model sees prompt + needle[:s], exactly greedy decoding's step s for as
+    long as the greedy tokens so far equal the needle. Per trial: the (L, H) hits and the
+    argmax token of each step up to and including the first that differs from the
+    needle (the later steps are not greedy decoding's and are left out)."""
+    device = input_device(model)
+    c, k = trials[0].prompt.numel(), trials[0].needle.numel()
+    ids = torch.stack([torch.cat([t.prompt, t.needle]) for t in trials])
+    rows = torch.arange(c - 1, c - 1 + k)
+    caps: list = []
+    with capture_attention(model, caps.append, query_rows=rows):
+        logits = model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device),
+                       use_cache=False).logits
+    caps.sort(key=lambda cap: cap.layer)
+    out = []
+    for b, trial in enumerate(trials):
+        needle = trial.needle.tolist()
+        steps, generated = [], []
+        for s in range(k):
+            g = int(logits[b, c - 1 + s].argmax())
+            steps.append(_step_hits([cap.alpha[b, :, s] for cap in caps], ids[b], g,
+                                    set(needle), trial.span))
+            generated.append(g)
+            if g != needle[s]:
+                break
+        out.append((steps, generated))
+    return out
+
+
 @torch.no_grad()
 def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: float = 0.5
                      ) -> tuple[dict[int, np.ndarray], int, list[bool]]:
     """Wu et al. 2024's retrieval score per layer (H,), averaged over the recovered trials
     (at least ``recovered_share`` of the needle's tokens among the generated ones), the
-    number of recovered trials and each trial's outcome."""
-    device = input_device(model)
+    number of recovered trials and each trial's outcome.
+
+    Greedy decoding, made cheap and kept exact: trials of one length run in one
+    teacher-forced forward (``_forced``), which is greedy decoding itself for as long as
+    the model generates the needle; a trial that departs from it is decoded greedily
+    from there on with the key-value cache (``_greedy``)."""
     # transformers 5 names the key-value cache ``cache``; before, ``past_key_values``
     cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
                  else "past_key_values")
-    total: torch.Tensor | None = None
-    outcomes = []
     for trial in trials:
         _check_length(model, trial.prompt.numel() + trial.needle.numel(), "needle prompt")
-        keys = trial.prompt.clone()
-        needle_set = set(trial.needle.tolist())
-        generated: list[int] = []
-        steps: list[torch.Tensor] = []
-        past = None
-        ids = trial.prompt[None].to(device)
-        for _ in range(trial.needle.numel()):
-            # the step's token is known only after its forward: keep each layer's captured
-            # row (one row of H x T), then test it against the chosen token
-            rows: list = []
-            with capture_attention(model, rows.append, query_rows=[-1]):
-                out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
-            past = getattr(out, cache_arg)
-            g = int(out.logits[0, -1].argmax())
-            rows.sort(key=lambda cap: cap.layer)
-            hits = torch.stack([
-                hs.retrieval_hits(cap.alpha[0, :, -1], keys, g, trial.span).cpu()
-                if g in needle_set else torch.zeros(cap.alpha.shape[1], dtype=torch.bool)
-                for cap in rows])
-            steps.append(hits)
-            generated.append(g)
-            keys = torch.cat([keys, torch.tensor([g])])
-            ids = torch.tensor([[g]], device=device)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, trial in enumerate(trials):
+        by_shape.setdefault((trial.prompt.numel(), trial.needle.numel()), []).append(i)
+    decoded: dict[int, tuple[list[torch.Tensor], list[int]]] = {}
+    for members in by_shape.values():
+        for i, (steps, generated) in zip(members, _forced(model, [trials[i] for i in members]),
+                                         strict=True):
+            left = trials[i].needle.numel() - len(steps)
+            if left:
+                more, more_tokens = _greedy(model, trials[i], generated, left, cache_arg)
+                steps, generated = steps + more, generated + more_tokens
+            decoded[i] = (steps, generated)
+    total: torch.Tensor | None = None
+    outcomes = []
+    for i, trial in enumerate(trials):
+        steps, generated = decoded[i]
         score, ok = hs.retrieval_trial(torch.stack(steps), generated, trial.needle.tolist(),
                                        recovered_share=recovered_share)
         outcomes.append(ok)
