@@ -106,6 +106,8 @@ def test_bad_input_one_line() -> None:
         support_statistics(r, torch.tensor([0]), torch.tensor([1, 2]))
     with pytest.raises(ConfigError, match="k=1, d=0"):
         support_statistics(r, torch.tensor([1]), torch.tensor([1]))
+    with pytest.raises(ConfigError, match="k=0, d=2"):
+        support_statistics(r, [], torch.tensor([1, 2]))
     with pytest.raises(ConfigError, match="positions in"):
         support_statistics(r, torch.tensor([7]), torch.tensor([1, 2]))
     with pytest.raises(ConfigError, match="top"):

@@ -60,6 +60,8 @@ class SupportStatistics:
 
 def _mask(value: Tensor, t: int, what: str) -> Tensor:
     value = torch.as_tensor(value)
+    if value.numel() == 0 and value.dim() == 1:  # an empty position list
+        return torch.zeros(t, dtype=torch.bool)
     if value.dtype != torch.bool:
         # a list of positions
         if value.dtype.is_floating_point or value.dim() != 1:
