@@ -256,15 +256,18 @@ def _nstar_rows(model, exs, candidates, base_loss, sel: Selection, taus, *, leng
             out.append(float(np.mean(losses - base_loss)))
         return out
 
+    # N >= the longest prompt restricts nothing (a pass by definition); within the grid
+    # that endpoint is the paper's too, past it only with ``extend``
+    endpoint = extend or length <= grid_max
     result = search_nstar(evaluate, taus, length=length, grid_max=grid_max, refine=refine,
-                          endpoint=extend)
+                          endpoint=endpoint)
     keys = {"ranking": sel.ranking, "mode": sel.mode}
     curve = []
     for size in sorted(per_n):
         m, lo, hi, _ = _mean_ci(per_n[size] - base_loss, n_boot, seed)
         curve.append({**keys, "n": size, "delta_loss": m, "delta_low": lo, "delta_high": hi,
                       "accuracy": float(np.mean(right[size]))})
-    intervals = _nstar_intervals(base_loss, per_n, taus, length if extend else None,
+    intervals = _nstar_intervals(base_loss, per_n, taus, length if endpoint else None,
                                  n_boot, seed)
     found = [{**keys, "tau": float(tau), "nstar": result.nstar[float(tau)],
               "grid_nstar": result.grid_nstar[float(tau)],
