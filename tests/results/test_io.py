@@ -40,6 +40,7 @@ STORIES_HF = Path(asset("stories260K"))
 INTERNALS_TABLES = (
     "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
     "pruning", "rankings", "head_scan", "restrict", "restrict_nstar", "restrict_local",
+    "head_scores",  # the head atlas (pipeline/atlas.py)
     "regime_stability", "geometry_loss", "reference_values",  # written by reproduce
 )
 
