@@ -90,13 +90,16 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
          "f_nosink_sink_unselected": 0.72, "n_windows": WINDOWS}
         for l, h in lh for n in N_GRID])
     token_rows = [{**mc, "layer": l, "head": h, "position": 0, "token_id": 1, "token": "<s>",
-                   "occurrences": WINDOWS, "pairs": 40, "mean_share": 0.2 + 0.1 * l,
-                   "uniform_share": 0.02, "lift": 10.0 + 5 * l, "detected": True,
-                   "n_windows": WINDOWS} for l, h in lh]
+                   "occurrences": WINDOWS, "windows": WINDOWS, "pairs": 40,
+                   "mean_share": 0.2 + 0.1 * l, "uniform_share": 0.02,
+                   "share_q1": 0.15 + 0.1 * l, "median_share": 0.2 + 0.1 * l,
+                   "share_q3": 0.25 + 0.1 * l, "share_held": 1.0, "lift": 10.0 + 5 * l,
+                   "detected": True, "n_windows": WINDOWS} for l, h in lh]
     token_rows.append({**mc, "layer": 1, "head": 2, "position": -1, "token_id": 13,
-                       "token": "'.'", "occurrences": 7, "pairs": 90, "mean_share": 0.3,
-                       "uniform_share": 0.02, "lift": 15.0, "detected": True,
-                       "n_windows": WINDOWS})
+                       "token": "'.'", "occurrences": 7, "windows": 3, "pairs": 90,
+                       "mean_share": 0.3, "uniform_share": 0.02, "share_q1": 0.2,
+                       "median_share": 0.3, "share_q3": 0.4, "share_held": 0.86,
+                       "lift": 15.0, "detected": True, "n_windows": WINDOWS})
     sink_tokens = pd.DataFrame(token_rows)
 
     regimes = ["Mixer", "Reset", "Retriever", "Mixer"]
