@@ -512,3 +512,236 @@ def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]
         default = f.default if f.default is not MISSING else f.default_factory()
         out.append((f.name, hints[f.name], default, dict(f.metadata)))
     return out
+
+
+# --------------------------------------------------------------------------- issue 31-32
+# The head atlas, the competition probes and the localised restriction as run commands
+# (their work in pipeline/atlas_command.py, pipeline/competition_command.py and
+# pipeline/interventions.py).
+
+
+def _thresholds(value) -> tuple[str, ...]:
+    """Head-type thresholds written ``NAME=VALUE`` (``sink=0.3``), names of
+    ``core.head_scores.HEAD_TYPES`` (read without importing torch: the names are
+    checked when the command runs)."""
+    out = []
+    for item in v.as_tuple(value, "thresholds"):
+        name, sep, number = str(item).partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"thresholds: expected NAME=VALUE items (sink=0.3), got {item!r}")
+        out.append(f"{name.strip()}={v.number('thresholds', number.strip())}")
+    return tuple(out)
+
+
+@command("atlas", help="head atlas: the field's head types scored beside the regimes",
+         work="attngeom.pipeline.atlas_command:Atlas",
+         summary="attngeom.report.text:atlas_summary", study="atlas")
+@dataclass(frozen=True)
+class AtlasConfig(RunConfig):
+    """``attngeom atlas``: previous-token, duplicate-token, induction, echo, sink,
+    retrieval and streaming scores of every head, with the taxonomy of the same windows
+    computed in the same run, and the regime x head type tables (issue 32)."""
+
+    n_windows: int = option(8, help="corpus windows (scores and taxonomy)")
+    query_mode: str = option("final", help="queries of the taxonomy: final, all or stride:k")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), help="set sizes N of the F_N "
+                                     "of each head type")
+    bootstrap: int = option(200, help="window-bootstrap replicates of the taxonomy's "
+                            "stability (0: none)")
+    regime_rule: str = option("single", help="head regime rule: single or lumped")
+    query_stride: int = option(8, help="corpus rows every K positions for the head scores "
+                               "(the last included)", metavar="K")
+    streaming_window: int = option(64, help="W of the streaming proxy: the head sees the "
+                                   "sink and the W most recent tokens")
+    n_repeats: int = option(4, help="repeated random-token prompts (induction, echo)")
+    repeat_length: int = option(64, help="random tokens repeated in each prompt")
+    n_needles: int = option(4, help="needle-in-a-haystack trials (retrieval score)")
+    needle_length: int = option(6, help="tokens of each needle")
+    needle_contexts: tuple[int, ...] | None = option(
+        None, help="context lengths of the needle prompts (default: T/2 and T/4)")
+    recovered_share: float = option(0.5, help="share of a needle's tokens the model must "
+                                    "copy for a trial to count")
+    thresholds: tuple[str, ...] = option((), help="head-type thresholds other than the "
+                                         "published ones, as NAME=VALUE,... (sink=0.3)",
+                                         metavar="NAME=VALUE,...")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        s = object.__setattr__
+        s(self, "n_windows", v.integer("n_windows", self.n_windows, low=1))
+        v.parse_query_mode(self.query_mode)
+        s(self, "n_grid", v.n_grid(self.n_grid))
+        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
+        v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
+        for name in ("query_stride", "streaming_window", "n_repeats", "repeat_length",
+                     "n_needles", "needle_length"):
+            s(self, name, v.integer(name, getattr(self, name), low=1))
+        if self.needle_contexts is not None:
+            s(self, "needle_contexts", v.integers("needle_contexts", self.needle_contexts,
+                                                  low=2))
+            too_long = [c for c in self.needle_contexts if c > self.window_length]
+            if too_long:
+                raise ConfigError(f"needle_contexts: expected lengths up to the window "
+                                  f"length {self.window_length} (the haystack is cut from "
+                                  f"a window), got {too_long[0]}")
+        s(self, "recovered_share", v.number("recovered_share", self.recovered_share,
+                                            low=0.0, high=1.0))
+        s(self, "thresholds", _thresholds(self.thresholds))
+
+    @property
+    def windows_needed(self) -> int:
+        return self.n_windows
+
+
+COMPETITION_PROBES = ("qa", "context")
+
+
+@command("competition", help="retrieval under competition: the qa and context probes",
+         work="attngeom.pipeline.competition_command:Competition",
+         summary="attngeom.report.text:competition_summary", loss=True)
+@dataclass(frozen=True)
+class CompetitionConfig(RunConfig):
+    """``attngeom competition --probe qa|context`` (issue 31): generated bAbI qa1 with
+    corpus background, or a nested context-length sweep; N* per setting. The corpus is
+    the background (qa) or the documents (context); by default WikiText-2's test
+    articles."""
+
+    probe: str = option("qa", help="qa (bAbI qa1 under background text) or context "
+                        "(nested context-length sweep)")
+    rankings: tuple[str, ...] = option(("attention",), help="which N keys are kept: "
+                                       "attention, contribution or random")
+    renormalize: tuple[bool, ...] = option((False,), help="renormalise the kept "
+                                           "probabilities: true, false or both")
+    taus: tuple[float, ...] | None = option(
+        None, help="N* thresholds: qa, answer-loss increase in nats (default 0.1,0.2); "
+        "context, relative NLL increase in (0, 1) (default 0.01,0.05,0.1)")
+    bootstrap: int = option(1000, help="bootstrap replicates over examples / documents")
+    backgrounds: tuple[int, ...] = option((0, 256, 512, 1024), help="qa: tokens of "
+                                          "background text around the facts")
+    n_episodes: int = option(60, help="qa: generated episodes per background")
+    facts: tuple[int, ...] = option((2, 6), help="qa: fewest and most movement facts "
+                                    "per episode", metavar="MIN,MAX")
+    prompt_format: str = option("auto", help="qa: plain, chat (the model's chat "
+                                "template) or auto (chat where the tokenizer has one)")
+    babilong: str | None = option(None, help="qa: real BABILong rows (a dataset split "
+                                  "name or a local .jsonl) instead of generated episodes")
+    positional: bool = option(True, help="qa: add the positional control (the initial "
+                              "token and the N-1 most recent)")
+    grid_max: int = option(256, help="qa: largest N of the power-of-two grid")
+    nstar: bool = option(True, help="search N* (false: answers and support only)")
+    lengths: tuple[int, ...] = option((256, 512, 1024, 2048), help="context: lengths L "
+                                      "of the nested windows")
+    tail: int = option(128, help="context: final targets scored at every L (tail128)")
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        if self.corpus is None:  # WikiText-2's test articles: documents long enough for L
+            with contextlib.suppress(ConfigError):
+                s(self, "corpus", asset("wikitext-2-test", "--corpus"))
+        super().__post_init__()
+        v.one_of("probe", self.probe, COMPETITION_PROBES)
+        s(self, "rankings", v.choices("rankings", self.rankings, RULES))
+        flags = v.as_tuple(self.renormalize, "renormalize")
+        if any(isinstance(x, str) and x.strip().lower() == "both" for x in flags):
+            flags = (False, True)
+        s(self, "renormalize", v.flags("renormalize", flags))
+        if self.taus is not None:
+            taus = tuple(v.number("taus", t, low=0.0, low_open=True)
+                         for t in v.as_tuple(self.taus, "taus"))
+            if not taus:
+                raise ConfigError("taus: expected at least one threshold")
+            if self.probe == "context" and max(taus) >= 1.0:
+                raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
+                                  f"context probe (5% is 0.05), got {max(taus)}")
+            s(self, "taus", tuple(dict.fromkeys(taus)))
+        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
+        s(self, "backgrounds", tuple(dict.fromkeys(
+            v.integers("backgrounds", self.backgrounds, low=0))))
+        if not self.backgrounds:
+            raise ConfigError("backgrounds: expected at least one background length")
+        s(self, "n_episodes", v.integer("n_episodes", self.n_episodes, low=1))
+        facts = tuple(v.integer("facts", x, low=1) for x in v.as_tuple(self.facts, "facts"))
+        if len(facts) != 2 or facts[0] > facts[1]:
+            raise ConfigError(f"facts: expected MIN,MAX with 1 <= MIN <= MAX, got "
+                              f"{','.join(map(str, facts))}")
+        s(self, "facts", tuple(facts))
+        v.one_of("prompt_format", self.prompt_format, ("auto", "plain", "chat"))
+        v.text("babilong", self.babilong, optional=True)
+        s(self, "grid_max", v.integer("grid_max", self.grid_max, low=1))
+        s(self, "lengths", tuple(sorted(set(v.integers("lengths", self.lengths, low=2)))))
+        if not self.lengths:
+            raise ConfigError("lengths: expected at least one context length")
+        s(self, "tail", v.integer("tail", self.tail, low=1))
+        if self.probe == "context" and self.tail >= min(self.lengths):
+            raise ConfigError(f"tail: expected fewer scored targets than the shortest "
+                              f"length {min(self.lengths)}, got {self.tail}")
+
+    @property
+    def effective_taus(self) -> tuple[float, ...]:
+        if self.taus is not None:
+            return self.taus
+        return (0.10, 0.20) if self.probe == "qa" else (0.01, 0.05, 0.10)
+
+    @property
+    def windows_needed(self) -> int:
+        return 1  # the runner's window check; the probes cut their own prompts
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["effective_taus"] = list(self.effective_taus)
+        return d
+
+
+def _probe_default(probe: str):
+    """A ``CompetitionConfig`` subclass whose probe is ``probe`` (and must stay so)."""
+
+    def post_init(self) -> None:
+        CompetitionConfig.__post_init__(self)
+        if self.probe != probe:
+            raise ConfigError(f"probe: the {self.command} run is the {probe!r} probe, got "
+                              f"{self.probe!r}")
+
+    return post_init
+
+
+@command("competition-qa", help="the qa probe of competition, as a study part",
+         work="attngeom.pipeline.competition_command:Competition",
+         summary="attngeom.report.text:competition_summary", run_dir="qa", loss=True,
+         study="qa")
+@dataclass(frozen=True)
+class CompetitionQAConfig(CompetitionConfig):
+    """``competition --probe qa`` under its study name ``qa``."""
+
+    probe: str = option("qa", help="the probe (qa only)")
+    __post_init__ = _probe_default("qa")
+
+
+@command("competition-context", help="the context probe of competition, as a study part",
+         work="attngeom.pipeline.competition_command:Competition",
+         summary="attngeom.report.text:competition_summary", run_dir="context", loss=True,
+         study="context")
+@dataclass(frozen=True)
+class CompetitionContextConfig(CompetitionConfig):
+    """``competition --probe context`` under its study name ``context``."""
+
+    probe: str = option("context", help="the probe (context only)")
+    __post_init__ = _probe_default("context")
+
+
+@command("restrict-local", help="localised top-N restriction: one layer, then one head, "
+         "at a time", work="attngeom.pipeline.interventions:Restrict",
+         summary="attngeom.report.text:restrict_summary", run_dir="restrict-local",
+         loss=True, study="local_restriction")
+@dataclass(frozen=True)
+class LocalRestrictConfig(RestrictConfig):
+    """``restrict --scope head`` under its own name, so that a study runs it beside
+    the whole-model restriction (study name ``local_restriction``)."""
+
+    scope: str = option("head", help="layer: N keys in one layer at a time; head: the "
+                        "layer scan, then each head of the most sensitive layers")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scope == "model":
+            raise ConfigError("scope: restrict-local scans layers or heads (layer, head); "
+                              "the whole model is restrict's")

@@ -204,6 +204,59 @@ def restrict_summary(res) -> str:
     return _join(*caveats(res), format_nstar(res))
 
 
+def atlas_summary(res) -> str:
+    """Heads of each type, then the regime x head type counts (issue 32)."""
+    scores = res["head_scores"]
+    n_heads = scores[["layer", "head"]].drop_duplicates().shape[0]
+    typed = (scores[scores["is_type"].astype(bool)].groupby("score").size()
+             .reindex(scores["score"].unique(), fill_value=0))
+    lines = [f"head types of {n_heads} heads (threshold as published unless given): "
+             + ", ".join(f"{name} {int(k)}" for name, k in typed.items())]
+    if "atlas_contingency" in res.tables:
+        c = res["atlas_contingency"]
+        table = c.pivot_table(index="regime", columns="head_type", values="count",
+                              aggfunc="sum", fill_value=0)
+        lines.append("heads by regime (rows) and head type (columns; a head may have "
+                     "several types)\n" + table.to_string())
+    return _join(*caveats(res), *lines)
+
+
+def competition_summary(res) -> str:
+    """qa: accuracy, loss and the screen per background, then N*; context: N* per L and
+    the log-log slope (issue 31)."""
+    parts = []
+    if "qa_answers" in res.tables:
+        parts.append("qa answers per background (screen: accuracy >= 1/6 + 0.05 and loss "
+                     "<= log 6 - 0.05 at no background)\n" + format_table(
+                         res["qa_answers"], ["background", "prompt_format", "n_examples",
+                                             "accuracy", "loss", "screen"]))
+    if "qa_nstar" in res.tables:
+        parts.append("qa N* (smallest N whose mean answer-loss increase stays within tau "
+                     "nats)\n" + format_table(res["qa_nstar"], ["background", "ranking",
+                                                                 "mode", "tau", "nstar"]))
+    if "qa_support_summary" in res.tables:
+        s = res["qa_support_summary"]
+        s = s[(s["split"] == "all")] if "split" in s.columns else s
+        if len(s):
+            table = s.pivot_table(index="background", columns=["score", "statistic"],
+                                  values="mean", aggfunc="first")
+            table.columns = [f"{a} {b}" for a, b in table.columns]
+            parts.append("support at the answer query (mean over heads and examples)\n"
+                         + table.to_string(float_format=lambda x: f"{x:.4f}"))
+    if "context_nstar" in res.tables:
+        ns = res["context_nstar"]
+        table = ns.pivot_table(index="length", columns=["scoring", "ranking", "mode", "tau"],
+                               values="nstar", aggfunc="first")
+        table.columns = [" ".join(str(x) for x in c) for c in table.columns]
+        parts.append("context N* by length L (scoring ranking mode tau)\n"
+                     + table.to_string(float_format=lambda x: f"{x:.0f}"))
+    if "context_slope" in res.tables:
+        parts.append("log-log slope of N* on L\n" + format_table(
+            res["context_slope"], ["scoring", "ranking", "mode", "tau", "slope", "slope_low",
+                                   "slope_high"], digits=2))
+    return _join(*parts) or tables_summary(res)
+
+
 def tables_summary(res) -> str:
     """The default summary of a command that declares none: its tables and their rows."""
     return _join(*caveats(res), *(f"{name}: {len(df)} rows" for name, df in

@@ -102,6 +102,43 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "head_scores": _cols(
         _ID + "layer:i head:i score:s value:f threshold:f is_type:b n_samples:i inputs:s seed:i"
     ),
+    # the head atlas beside the regimes (``attngeom atlas``, pipeline/atlas.py)
+    "atlas_contingency": _cols(
+        _ID + "regime:s head_type:s count:i n_regime:i share_of_regime:f share_of_type:f"
+    ),
+    "atlas_kappa": _cols(_ID + "regime:s head_type:s kappa:f both:i n_heads:i"),
+    "atlas_depth": _cols(_ID + "layer:i kind:s name:s count:i n_heads:i share:f"),
+    "atlas_fn": _cols(_ID + "head_type:s n:i n_heads:i f_attention:f f_random:f f_gap:f"),
+    # the competition probes (``attngeom competition``, pipeline/competition.py)
+    "competition_settings": _cols(_ID + "setting:s value:s"),
+    "qa_answers": _cols(
+        _ID + "background:i prompt_format:s n_examples:i accuracy:f accuracy_low:f "
+        "accuracy_high:f loss:f loss_low:f loss_high:f screen:b scoring:s"
+    ),
+    "qa_examples": _cols(
+        _ID + "background:i episode:i answer:s predicted:s correct:b loss:f prompt_tokens:i"
+    ),
+    "qa_support": _cols(
+        _ID + "background:i score:s statistic:s split:s layer:i head:i mean:f ci_low:f "
+        "ci_high:f n_examples:i"
+    ),
+    "qa_support_summary": _cols(
+        _ID + "background:i score:s statistic:s split:s mean:f"
+    ),
+    "qa_curve": _cols(_ID + "background:i ranking:s mode:s n:i delta_loss:f accuracy:f"),
+    "qa_nstar": _cols(
+        _ID + "background:i ranking:s mode:s tau:f nstar:f grid_nstar:f nstar_low:f "
+        "nstar_high:f"
+    ),
+    "context_nll": _cols(_ID + "length:i scoring:s nll:f"),
+    "context_curve": _cols(_ID + "length:i ranking:s mode:s scoring:s n:i delta_rel:f"),
+    "context_nstar": _cols(
+        _ID + "length:i ranking:s mode:s scoring:s tau:f nstar:f grid_nstar:f nstar_low:f "
+        "nstar_high:f"
+    ),
+    "context_slope": _cols(
+        _ID + "ranking:s mode:s scoring:s tau:f slope:f slope_low:f slope_high:f n_lengths:i"
+    ),
     # study tables (``attngeom reproduce``): computed from the runs' tables
     "regime_stability": _cols(
         _ID + "other_corpus:s n_heads:i excluded:i agreement:f kappa:f "
@@ -132,6 +169,21 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "restrict_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
     "restrict_local": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
     "head_scores": (*_MC, "layer", "head", "score"),
+    "atlas_contingency": (*_MC, "regime", "head_type"),
+    "atlas_kappa": (*_MC, "regime", "head_type"),
+    "atlas_depth": (*_MC, "layer", "kind", "name"),
+    "atlas_fn": (*_MC, "head_type", "n"),
+    "competition_settings": (*_MC, "setting"),
+    "qa_answers": (*_MC, "background"),
+    "qa_examples": (*_MC, "background", "episode"),
+    "qa_support": (*_MC, "background", "score", "statistic", "split", "layer", "head"),
+    "qa_support_summary": (*_MC, "background", "score", "statistic", "split"),
+    "qa_curve": (*_MC, "background", "ranking", "mode", "n"),
+    "qa_nstar": (*_MC, "background", "ranking", "mode", "tau"),
+    "context_nll": (*_MC, "length", "scoring"),
+    "context_curve": (*_MC, "length", "ranking", "mode", "scoring", "n"),
+    "context_nstar": (*_MC, "length", "ranking", "mode", "scoring", "tau"),
+    "context_slope": (*_MC, "ranking", "mode", "scoring", "tau"),
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
