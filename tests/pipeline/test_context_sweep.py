@@ -120,11 +120,21 @@ def test_sweep_against_an_exhaustive_scan() -> None:
                 if all(scan[n][scoring] > tau for n in range(1, found)):
                     assert found == true_min
                 assert row["nstar_low"] <= row["nstar_high"]
+                tried = curve_of(frames, length, scoring)
+                stable = int(row["nstar_stable"])
+                assert stable >= found
+                assert all(d <= tau for n, d in tried.items() if n >= stable)
     curve = frames["context_curve"]
     assert (curve.groupby(["length", "scoring"])["n"].nunique() > 0).all()
     slope = frames["context_slope"]
     assert len(slope) == 2 * len(taus) and slope["n_lengths"].eq(3).all()
     assert frames["context_nll"]["nll"].gt(0).all()
+
+
+def curve_of(frames, length, scoring) -> dict[int, float]:
+    c = frames["context_curve"]
+    c = c[(c.length == length) & (c.scoring == scoring)]
+    return dict(zip(c["n"], c["delta_rel"], strict=True))
 
 
 def test_bad_lengths_one_line() -> None:

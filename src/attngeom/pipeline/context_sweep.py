@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from attngeom.capture import input_device
 from attngeom.errors import ConfigError
+from attngeom.pipeline.qa import stable_nstar
 from attngeom.pipeline.qa_probe import Selection
 from attngeom.pipeline.selection import check_ranking, restriction
 
@@ -210,6 +211,9 @@ def context_sweep(model, windows: Mapping[int, torch.Tensor], *,
                                                     _smallest(per_n, base[scoring], tau,
                                                               length)),
                                        "grid_nstar": result.grid_nstar[float(tau)],
+                                       "nstar_stable": stable_nstar(
+                                           {n: _relative(v, base[scoring])
+                                            for n, v in per_n.items()}, float(tau), length),
                                        "nstar_low": float(low), "nstar_high": float(high),
                                        "evaluations": len(per_n),
                                        "monotone": result.monotone,

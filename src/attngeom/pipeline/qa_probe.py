@@ -42,6 +42,7 @@ from attngeom.pipeline.qa import (
     candidate_scores,
     candidate_tokens,
     screen,
+    stable_nstar,
 )
 from attngeom.pipeline.selection import check_ranking, restriction
 
@@ -271,6 +272,8 @@ def _nstar_rows(model, exs, candidates, base_loss, sel: Selection, taus, *, leng
                                  n_boot, seed)
     found = [{**keys, "tau": float(tau), "nstar": result.nstar[float(tau)],
               "grid_nstar": result.grid_nstar[float(tau)],
+              "nstar_stable": stable_nstar(result.evaluations, float(tau),
+                                           length if endpoint else None),
               "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
               "evaluations": len(result.evaluations), "prompt_tokens_max": length,
               "monotone": result.monotone, "notes": " | ".join(result.notes)}
