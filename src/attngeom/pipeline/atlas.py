@@ -346,8 +346,12 @@ def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = Non
     ``windows``: corpus windows (``Window`` objects or token-id rows of one length T,
     each starting with the model's window-start token). ``taxonomy``: table
     ``taxonomy`` of a run on the same model (for the contingency, kappa and depth
-    tables); ``summary``: its table ``summary`` (for ``atlas_fn``). ``context_lengths``
-    of the needle prompts default to T and T // 2.
+    tables); ``summary``: its table ``summary`` (for ``atlas_fn``). ``corpus``: a
+    ``HeadScoreAccumulator`` that rode on an analysis' own pass over the windows (its
+    rows are the analysis' rows); without it the corpus scores take a forward of their
+    own, at rows every ``query_stride``. ``context_lengths`` of the needle prompts
+    default to T // 2 and T // 4. Returns ``head_scores`` and the tables of
+    ``side_by_side``.
     """
     was_training = model.training
     model.eval()
