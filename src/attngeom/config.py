@@ -668,6 +668,12 @@ class CompetitionConfig(RunConfig):
         v.one_of("prompt_format", self.prompt_format, ("auto", "plain", "chat"))
         v.text("babilong", self.babilong, optional=True)
         s(self, "grid_max", v.integer("grid_max", self.grid_max, low=1))
+        for name in ("positional", "nstar"):
+            value = getattr(self, name)
+            given = v.flags(name, (value,) if isinstance(value, bool) else value)
+            if len(given) != 1:
+                raise ConfigError(f"{name}: expected true or false, got {value!r}")
+            s(self, name, given[0])
         s(self, "lengths", tuple(sorted(set(v.integers("lengths", self.lengths, low=2)))))
         if not self.lengths:
             raise ConfigError("lengths: expected at least one context length")
