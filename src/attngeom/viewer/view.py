@@ -351,7 +351,8 @@ def prepare(model, text_or_ids, *, run, window, tokenizer, dtype: str = "float32
             dtype = manifest["config"].get("dtype", dtype)
     if model is None:
         raise ConfigError("expected a model: a loaded transformers model or a path")
-    label = model if isinstance(model, str) else type(model).__name__
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    label = Path(str(name)).name or type(model).__name__
     if isinstance(model, str | Path):
         label = Path(str(model)).name or str(model)
         if tokenizer is None:
