@@ -12,7 +12,7 @@ PUBLIC = {
     "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
     "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "reproduce",
     "restrict",
-    "scan_heads",
+    "scan_heads", "atlas", "competition", "inspect", "view",
 }
 
 

@@ -41,8 +41,12 @@ def test_every_command_is_one_declaration_read_everywhere() -> None:
         assert study.run_dir(name) == spec.folder
         if spec.study:
             assert study.interventions()[spec.study] == name
-    assert presets.LOSS_COMMANDS == loss_commands() == ("prune", "scan-heads", "restrict")
-    assert [study.run_dir(n) for n in COMMANDS] == ["analyze", "prune", "scan", "restrict"]
+    assert presets.LOSS_COMMANDS == loss_commands() == (
+        "prune", "scan-heads", "restrict", "competition", "competition-qa",
+        "competition-context", "restrict-local")
+    assert [study.run_dir(n) for n in COMMANDS] == [
+        "analyze", "prune", "scan", "restrict", "atlas", "competition", "qa", "context",
+        "restrict-local"]
 
 
 def test_every_option_and_positional_has_help_and_out_is_declared_once() -> None:

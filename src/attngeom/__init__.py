@@ -18,12 +18,13 @@ _API = (
     "AnalysisConfig", "AnalysisResult", "PruneConfig", "RestrictConfig", "RunResult",
     "ScanConfig", "analyze", "check", "compare", "demo", "prune", "report", "reproduce",
     "restrict",
-    "scan_heads",
+    "scan_heads", "atlas", "competition", "inspect", "view",
 )
 
 _SUBMODULES = (
     "api", "assets", "capture", "cli", "config", "core", "errors", "figures", "geometry",
     "interventions", "names", "pipeline", "report", "results", "studies", "validate",
+    "viewer",
 )
 
 __all__ = ["__version__", *_API]

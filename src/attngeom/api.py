@@ -32,9 +32,12 @@ __all__ = [
     "RunResult",
     "ScanConfig",
     "analyze",
+    "atlas",
     "check",
     "compare",
+    "competition",
     "demo",
+    "inspect",
     "prune",
     "report",
     "reproduce",
@@ -42,6 +45,7 @@ __all__ = [
     "run",
     "scan_heads",
     "summary",
+    "view",
 ]
 
 AnalysisResult = RunResult  # what analyze returns
@@ -169,3 +173,74 @@ def demo(out: str | Path = "runs/demo", *, progress=True):
     """The demo study (``studies/demo.toml``) on the bundled models and corpora
     (``make demo``)."""
     return reproduce("demo", out, progress=progress)
+
+
+def atlas(model: str | None = None, corpus: str | None = None, out: str | Path | None = None,
+          *, config=None, overwrite: bool = False, progress=True, model_and_tokenizer=None,
+          **options) -> RunResult:
+    """The head atlas (issue 32): previous-token, duplicate-token, induction, echo, sink,
+    retrieval and streaming scores of every head, beside the regimes of the same
+    windows (tables ``head_scores``, ``atlas_contingency``, ``atlas_kappa``,
+    ``atlas_depth``, ``atlas_fn``). ``options``: ``AtlasConfig`` fields."""
+    return run("atlas", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
+
+
+def competition(model: str | None = None, corpus: str | None = None,
+                out: str | Path | None = None, *, probe: str = "qa", config=None,
+                overwrite: bool = False, progress=True, model_and_tokenizer=None,
+                **options) -> RunResult:
+    """Retrieval under competition (issue 31): ``probe="qa"`` (bAbI qa1 under corpus
+    background: answers, the competence screen, support statistics, N*) or
+    ``probe="context"`` (nested context-length sweep: N* per L and its log-log slope).
+    ``options``: ``CompetitionConfig`` fields."""
+    if config is None:
+        options["probe"] = probe
+    return run("competition", model, corpus, out, config=config, overwrite=overwrite,
+               progress=progress, model_and_tokenizer=model_and_tokenizer, **options)
+
+
+def inspect(*args, **kwargs):
+    """One head's selection at one query, key by key (``attngeom.viewer.inspect``:
+    returns a ``HeadView`` with the numbers and a matplotlib figure)."""
+    from attngeom.viewer import inspect as inspect_view
+
+    return inspect_view(*args, **kwargs)
+
+
+def view(run_dir: str | Path | None = None, *, prompt: str | None = None,
+         model: str | None = None, heads="0:0", queries=(-1,), window: int | None = None,
+         out: str | Path | None = None, n_max: int | None = None) -> Path:
+    """Write the geometry viewer (one self-contained HTML page) for ``heads`` (``"L:H,..."``
+    or pairs) at ``queries`` (positions; negatives from the end, -1 the final query) of
+    an analyze run's window (``run_dir``, ``window``) or of ``prompt`` on ``model``;
+    returns its path (default ``RUN_DIR/viewer.html``, or ``viewer.html`` for a
+    prompt). ``docs/viewer.md`` describes the page."""
+    from attngeom import validate as v
+    from attngeom.errors import ConfigError
+
+    if (run_dir is None) == (prompt is None):
+        raise ConfigError("view: expected a run directory or --prompt TEXT (one of them)")
+    if run_dir is None and not str(prompt).strip():
+        raise ConfigError("prompt: expected some text, got an empty prompt")
+    pairs = v.head_pairs("heads", heads)
+    if not pairs:
+        raise ConfigError("heads: expected at least one LAYER:HEAD pair")
+    items = v.as_tuple(queries, "queries")
+    if not items:
+        raise ConfigError("queries: expected at least one query position")
+    positions = tuple(v.integer("queries", q) for q in items)
+    if n_max is not None:
+        n_max = v.integer("n_max", n_max, low=0)
+    from attngeom.viewer import write_viewer
+
+    if run_dir is not None:
+        target = Path(out) if out is not None else Path(run_dir) / "viewer.html"
+        return write_viewer(target, run=run_dir, window=window, heads=pairs,
+                            queries=positions, n_max=n_max)
+    if model is None:
+        from attngeom.assets import DEFAULT_MODEL, asset
+
+        model = asset(DEFAULT_MODEL, "--model")
+    target = Path(out) if out is not None else Path("viewer.html")
+    return write_viewer(target, model, prompt, heads=pairs, queries=positions, n_max=n_max)

@@ -153,6 +153,35 @@ def _demo(args) -> None:
     _print_study(api.demo(args.out, progress=not args.quiet))
 
 
+def _view_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None,
+                   help="a finished analyze run (its window is captured again); or give "
+                   "--prompt")
+    p.add_argument("--prompt", metavar="TEXT", default=None,
+                   help="view this text instead of a run's window")
+    p.add_argument("--model", metavar="MODEL", default=None,
+                   help="the model of --prompt (default: the bundled stories260K)")
+    p.add_argument("--heads", metavar="L:H,...", default="0:0",
+                   help="heads to view, as LAYER:HEAD,... (default: 0:0)")
+    p.add_argument("--queries", metavar="N,...", default="-1",
+                   help="query positions, negatives from the end (default: -1, the final "
+                   "query)")
+    p.add_argument("--window", metavar="W", type=int, default=None,
+                   help="the run's window to view (default: its first)")
+    p.add_argument("--n-max", metavar="N", type=int, default=None,
+                   help="every N up to this on the slider (0: the grid's N only; default: "
+                   "the largest N of the grid)")
+    _add_out(p, "the HTML file to write (default: RUN_DIR/viewer.html, or viewer.html)")
+
+
+def _view(args) -> None:
+    from attngeom import api
+
+    path = api.view(args.run_dir, prompt=args.prompt, model=args.model, heads=args.heads,
+                    queries=args.queries, window=args.window, out=args.out, n_max=args.n_max)
+    print(f"viewer: {path}")
+
+
 TOOLS = {
     "report": Tool("build RUN_DIR/report/index.html", _report_parser, _report),
     "compare": Tool("regime stability between two runs", _compare_parser, _compare),
@@ -164,6 +193,12 @@ TOOLS = {
         "ones, then the cross-corpus and cross-model steps, then DIR/report/index.html."),
     "demo": Tool("the demo study (studies/demo.toml) on the shipped models", _demo_parser,
                  _demo),
+    "view": Tool("the geometry viewer: one HTML page of chosen heads and queries",
+                 _view_parser, _view,
+                 "Write a self-contained HTML page (no external requests) showing, for each "
+                 "chosen head and query of an analyze run's window or of a prompt, every "
+                 "key's contribution at its exact distance to the selected set's aggregate "
+                 "(docs/viewer.md); prints its path."),
 }
 
 
