@@ -193,3 +193,18 @@ def test_a_view_becomes_a_page(stories, tmp_path):
     assert '"attention|euclidean"' in html and '"contribution|cosine"' in html
     frame = view._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and "<script" not in frame
+
+
+@pytest.mark.parametrize(("name", "layer", "keys"), [
+    ("bert", 1, list(range(12))),  # an encoder: every key of the sequence is visible
+    ("gemma2", 0, [6, 7, 8, 9]),  # Gemma-2's sliding window of 4 before query 9
+    ("gemma2", 1, list(range(10))),  # its global layer
+])
+def test_the_universe_is_what_the_mask_lets_the_query_see(name, layer, keys):
+    from tests.architectures import make_model
+
+    view = inspect(make_model(name), list(range(3, 15)), layer=layer, head=1, query=9,
+                   figure=False)
+    assert view.keys.tolist() == keys
+    assert np.isclose(view.alpha.sum(), 1.0)
+    assert view.ns.max() <= len(keys) - 1
