@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attngeom.figures import style
+from attngeom.figures.atlas import fig_atlas_contingency, fig_atlas_depth
 from attngeom.figures.bounds import fig_bounds
+from attngeom.figures.competition import (
+    fig_nstar_vs_length,
+    fig_support_recall_map,
+    fig_support_vs_background,
+)
 from attngeom.figures.interventions import (
     fig_head_scan,
     fig_pruning,
@@ -346,7 +352,7 @@ def restrict(g: Group):
         _single(fig_restrict, style.COLUMN_WIDTH, 2.6, table, nstar, **g.sel))
 
 
-@figure("restrict_local", "interventions")
+@figure("restrict_local", "local_restriction")
 def restrict_local(g: Group):
     table = g.get("restrict_local")
     if table is None:
@@ -367,3 +373,102 @@ def restrict_local(g: Group):
         "(bars; dark: the layers whose heads were scanned) or only one head (map) keeps "
         "its top-N keys; attention ranking and deletion where the run has them.",
         ("restrict_local",), draw)
+
+
+# --------------------------------------------------------------------------- issue 31-32
+
+
+@figure("atlas_contingency", "atlas")
+def atlas_contingency(g: Group):
+    table = g.get("atlas_contingency")
+    if table is None or not len(table):
+        return None
+    return Plot(
+        "Head types by regime",
+        "Share of each regime's heads that are of each head type (the field's "
+        "previous-token, duplicate-token, induction, echo, sink, streaming and retrieval "
+        "heads at their published thresholds), the number of heads in each cell; a head "
+        "can be of several types or of none.", ("atlas_contingency",),
+        _single(fig_atlas_contingency, style.COLUMN_WIDTH * 1.3, 2.6, table))
+
+
+@figure("atlas_depth", "atlas")
+def atlas_depth(g: Group):
+    table = g.get("atlas_depth")
+    if table is None or not len(table):
+        return None
+    return Plot(
+        "Head types and regimes by depth",
+        "Per layer, the share of heads of each head type (solid) and of each regime "
+        "(dashed).", ("atlas_depth",),
+        _single(fig_atlas_depth, style.COLUMN_WIDTH * 1.3, 2.6, table))
+
+
+@figure("competition_nstar_length", "competition")
+def competition_nstar_length(g: Group):
+    table = g.get("context_nstar")
+    if table is None or not len(table):
+        return None
+
+    def draw():
+        scorings = [s for s in ("tail", "all") if s in set(table["scoring"])]
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * len(scorings), 2.6,
+                                     ncols=len(scorings), squeeze=False)
+        for ax, scoring in zip(axes[0], scorings, strict=True):
+            fig_nstar_vs_length(table, scoring=scoring, ax=ax, **g.sel)
+        return fig
+
+    return Plot(
+        "N* against the context length",
+        "Effective set size N*_tau at each context length L of the nested windows "
+        "(log-log; bars: document-bootstrap intervals), scoring the final targets "
+        "shared by every L (tail) and every token (all).", ("context_nstar",), draw)
+
+
+@figure("competition_support", "competition")
+def competition_support(g: Group):
+    table = g.get("qa_support_summary")
+    if table is None or not len(table):
+        return None
+    stats = [s for s in ("mass", "displacement") if s in set(table["statistic"])]
+    if not stats:
+        return None
+
+    def draw():
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * len(stats), 2.6, ncols=len(stats),
+                                     squeeze=False)
+        for ax, stat in zip(axes[0], stats, strict=True):
+            fig_support_vs_background(table, statistic=stat, ax=ax, model=g.model)
+        return fig
+
+    return Plot(
+        "Support under competition",
+        "At the answer query of the qa probe: the attention mass on the supporting "
+        "sentence and its displacement (non-support tokens ranked at or above a support "
+        "token) against the tokens of background text, over all, correctly and "
+        "incorrectly answered episodes (mean over heads; bootstrap intervals over "
+        "episodes).", ("qa_support_summary",), draw)
+
+
+@figure("competition_recall_map", "competition")
+def competition_recall_map(g: Group):
+    table = g.get("qa_support")
+    if table is None or not len(table):
+        return None
+    rows = table[table["statistic"] == "recall"]
+    if rows.empty:
+        return None
+    backgrounds = sorted(int(b) for b in rows["background"].unique())
+    shown = sorted({backgrounds[0], backgrounds[-1]})
+
+    def draw():
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * len(shown), 2.6, ncols=len(shown),
+                                     squeeze=False)
+        for ax, background in zip(axes[0], shown, strict=True):
+            fig_support_recall_map(table, background=background, ax=ax, model=g.model)
+        return fig
+
+    return Plot(
+        "Support recall by layer and head",
+        "Share of the supporting sentence's tokens among each head's top 64 keys at the "
+        "answer query, with the least and the most background.", ("qa_support",), draw)

@@ -365,3 +365,137 @@ SECTIONS = (
              lambda p, h, r, n, label: restrict_findings(r, n, label)),
             lambda p, h, r, n: pruning_tables(p) + head_scan_tables(h) + restrict_tables(r, n)),
 )
+
+
+# --------------------------------------------------------------------------- issue 31-32
+
+
+def atlas_findings(head_scores, contingency, kappa, label: str = "") -> list[str]:
+    if head_scores is None:
+        return []
+    n_heads = head_scores[["layer", "head"]].drop_duplicates().shape[0]
+    typed = head_scores[head_scores["is_type"].astype(bool)].groupby("score").size()
+    parts = [f"{name.replace('_', '-')} {int(k)}" for name, k in typed.items()]
+    out = [f"{label}Head types among {n_heads} heads (published thresholds): "
+           + (", ".join(parts) if parts else "none") + "."]
+    if kappa is not None and len(kappa):
+        best = kappa.dropna(subset=["kappa"]).sort_values("kappa", ascending=False)
+        if len(best):
+            r = best.iloc[0]
+            out.append(f"{label}Closest regime and head type: {r['regime']} and "
+                       f"{str(r['head_type']).replace('_', '-')} heads (Cohen's kappa "
+                       f"{fmt(r['kappa'])}, {int(r['both'])} heads both).")
+    return out
+
+
+def atlas_tables(head_scores, contingency, kappa, fn) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    if head_scores is not None:
+        wide = head_scores.pivot_table(index=["model", "corpus", "layer", "head"],
+                                       columns="score", values="value", aggfunc="first")
+        out.append(("Head scores (one row per head)", wide))
+    if contingency is not None and len(contingency):
+        t = contingency.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
+                                    values="count", aggfunc="sum", fill_value=0)
+        out.append(("Heads by regime and head type (counts)", t))
+    if kappa is not None and len(kappa):
+        t = kappa.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
+                              values="kappa", aggfunc="first")
+        out.append(("Cohen's kappa of each regime against each head type", t))
+    if fn is not None and len(fn):
+        out.append(("F_N of each head type's heads against their random control",
+                    fn.set_index(["model", "corpus", "head_type", "n"])))
+    return out
+
+
+def competition_findings(answers, qa_nstar, support, context_nstar, slope,
+                         label: str = "") -> list[str]:
+    out = []
+    if answers is not None:
+        for r in answers.sort_values("background").itertuples():
+            out.append(f"{label}qa with {int(r.background)} tokens of background "
+                       f"({r.prompt_format} prompt): accuracy {fmt(r.accuracy)}, answer loss "
+                       f"{fmt(r.loss)} nats, competence screen "
+                       f"{'passed' if r.screen else 'not passed'}.")
+    if qa_nstar is not None:
+        for r in qa_nstar.sort_values(["tau", "background"]).itertuples():
+            out.append(f"{label}qa N* at tau = {fmt(r.tau)} nats ({r.ranking}, {r.mode}), "
+                       f"{int(r.background)} tokens of background: {fmt(r.nstar)}.")
+    if slope is not None:
+        for r in slope.itertuples():
+            out.append(f"{label}Context sweep: N* grows with L as L^{fmt(r.slope)} (95% "
+                       f"interval {fmt(r.slope_low)} to {fmt(r.slope_high)}; {r.scoring} "
+                       f"scoring, {r.ranking} {r.mode}, tau = {fmt(r.tau)}).")
+    return out
+
+
+def competition_tables(answers, qa_nstar, support, context_nstar, slope
+                       ) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    if answers is not None:
+        cols = [c for c in ("prompt_format", "n_examples", "accuracy", "accuracy_low",
+                            "accuracy_high", "loss", "loss_low", "loss_high", "screen",
+                            "scoring") if c in answers.columns]
+        out.append(("Competence screen: answers per background (accuracy >= 1/6 + 0.05 and "
+                    "loss <= log 6 - 0.05; reported, never used to hide a result)",
+                    answers.set_index(["model", "corpus", "background"])[cols]))
+    if qa_nstar is not None:
+        out.append(("qa N* (answer-loss increase within tau nats)",
+                    qa_nstar.set_index(["model", "corpus", "background", "ranking", "mode",
+                                        "tau"])))
+    if support is not None:
+        s = support[support["split"] == "all"] if "split" in support.columns else support
+        t = s.pivot_table(index=["model", "corpus", "background"],
+                          columns=["score", "statistic"], values="mean", aggfunc="first")
+        t.columns = [f"{a} {b}" for a, b in t.columns]
+        out.append(("Support statistics at the answer query (mean over heads, all episodes)",
+                    t))
+    if context_nstar is not None:
+        cols = [c for c in ("nstar", "nstar_low", "nstar_high", "grid_nstar")
+                if c in context_nstar.columns]
+        out.append(("Context sweep: N* per length",
+                    context_nstar.set_index(["model", "corpus", "scoring", "ranking", "mode",
+                                             "tau", "length"])[cols]))
+    if slope is not None:
+        out.append(("Log-log slope of N* on L",
+                    slope.set_index(["model", "corpus", "scoring", "ranking", "mode", "tau"])))
+    return out
+
+
+def local_findings(local, label: str = "") -> list[str]:
+    if local is None or not len(local):
+        return []
+    out = []
+    for scope in ("layer", "head"):
+        rows = local[(local["scope"] == scope) & (local["rank"] == 1)]
+        for r in rows.itertuples():
+            where = (f"layer {int(r.layer)}" if scope == "layer"
+                     else f"layer {int(r.layer)} head {int(r.head)}")
+            out.append(f"{label}Most sensitive {scope} to keeping N = {int(r.n)} keys "
+                       f"({r.ranking}, {'renormalised' if r.renormalize else 'deleted'}): "
+                       f"{where}, mean relative NLL increase {fmt(r.mean_doc_delta_rel)}.")
+    return out
+
+
+def local_tables(local) -> list[tuple[str, pd.DataFrame]]:
+    if local is None or not len(local):
+        return []
+    top = local[local["rank"] <= 5].sort_values(["scope", "ranking", "renormalize", "n",
+                                                 "rank"])
+    cols = [c for c in ("mean_doc_delta_rel", "delta_nll_rel", "nll", "n_windows")
+            if c in top.columns]
+    return [("Localised restriction: the five most sensitive per scope",
+             top.set_index(["model", "corpus", "scope", "ranking", "renormalize", "n", "rank",
+                            "layer", "head"])[cols])]
+
+
+SECTIONS = SECTIONS + (
+    Section("local_restriction", "Localised restriction", ("restrict_local",),
+            (local_findings,), local_tables),
+    Section("atlas", "Head atlas", ("head_scores", "atlas_contingency", "atlas_kappa",
+                                    "atlas_fn"),
+            (lambda h, c, k, f, label: atlas_findings(h, c, k, label),), atlas_tables),
+    Section("competition", "Retrieval under competition",
+            ("qa_answers", "qa_nstar", "qa_support_summary", "context_nstar",
+             "context_slope"), (competition_findings,), competition_tables),
+)
