@@ -26,7 +26,7 @@ from attngeom.report.html import (
 )
 
 
-def build_report(run_dir, *, out=None, formats=("png", "pdf")) -> Path:
+def build_report(run_dir, *, out=None, formats=("png", "pdf"), viewer: bool = True) -> Path:
     """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``), or
     ``out/index.html`` where ``out`` is given (a run one cannot write to).
 
@@ -36,6 +36,13 @@ def build_report(run_dir, *, out=None, formats=("png", "pdf")) -> Path:
 
     ``build_report("runs/demo/tinystories")`` writes and returns
     ``runs/demo/tinystories/report/index.html``.
+
+    For an analyze run with a taxonomy, ``viewer`` also writes ``viewer.html`` beside
+    the page (the geometry viewer of the two heads of each regime with the largest
+    winning share, at the final query of the run's first window, the grid's N only) and
+    links each of those heads' rows in the per-head taxonomy table to it
+    (``viewer.html#L{layer}H{head}``); where the run's model or corpus cannot be
+    loaded again the report says so in a note.
     """
     run = load_run(run_dir)
     out = Path(run_dir) / "report" if out is None else Path(out)
@@ -52,14 +59,68 @@ def build_report(run_dir, *, out=None, formats=("png", "pdf")) -> Path:
     notes = list(rendered.notes)
     notes += [f"manifest.json lists table {name!r}, which this version of attngeom does not "
               "know; it is not shown" for name in run.unknown]
-    html = render_html(run, rendered.figures, notes, base=out)
+    viewed = _viewer_page(run, out, notes) if viewer else set()
+    html = render_html(run, rendered.figures, notes, base=out, viewed=viewed)
     index = out / "index.html"
     index.write_text(html, encoding="utf-8")
     return index
 
 
+VIEWER_FILE = "viewer.html"
+VIEWER_HEADS_PER_REGIME = 2
+
+
+def viewer_heads(taxonomy, per_regime: int = VIEWER_HEADS_PER_REGIME) -> list[tuple[int, int]]:
+    """The heads the report's viewer page shows: per regime, those with the largest
+    winning share (ties by layer and head)."""
+    tax = taxonomy.drop_duplicates(["layer", "head"]).copy()
+    tax["regime"] = tax["regime"].astype(str)
+    key = "winning_share" if "winning_share" in tax.columns else "layer"
+    heads = []
+    for _, grp in tax.sort_values([key, "layer", "head"], ascending=[False, True, True]
+                                  ).groupby("regime", sort=True):
+        heads += [(int(r.layer), int(r.head)) for r in grp.head(per_regime).itertuples()]
+    return sorted(set(heads))
+
+
+def _viewer_page(run: RunTables, out: Path, notes: list[str]) -> set[tuple[int, int]]:
+    """Write ``out/viewer.html`` for an analyze run's ``viewer_heads`` (empty set and a
+    note where it cannot be written; nothing for other runs)."""
+    taxonomy = run.get("taxonomy")
+    if run.manifest.get("command") != "analyze" or taxonomy is None or not len(taxonomy):
+        return set()
+    from attngeom.errors import AttngeomError
+
+    heads = viewer_heads(taxonomy)
+    try:
+        from attngeom.viewer import write_viewer
+
+        write_viewer(out / VIEWER_FILE, run=run.run_dir, heads=heads, queries=(-1,),
+                     n_max=0)
+    except (AttngeomError, OSError) as e:
+        notes.append(f"the geometry viewer page was not written: {e}")
+        return set()
+    return set(heads)
+
+
+def _taxonomy_heads_html(taxonomy, viewed: set[tuple[int, int]]) -> str:
+    """The per-head taxonomy table, each viewed head's row linked to its viewer page."""
+    cols = [c for c in ("regime", "winning_share", "stability", "f_self", "f_sink",
+                        "f_other", "top_source_kind", "top_source") if c in taxonomy.columns]
+    df = taxonomy.drop_duplicates(["layer", "head"]).sort_values(["layer", "head"])
+    df = df.set_index(["layer", "head"])[cols].copy()
+    df.insert(0, "viewer", [f"@@VIEW:L{la}H{h}@@" if (la, h) in viewed else ""
+                            for la, h in df.index])
+    html = table_html(df, caption="Heads (a link opens the head in the geometry viewer)")
+    for la, h in viewed:
+        tag = f"L{la}H{h}"
+        html = html.replace(f"@@VIEW:{tag}@@",
+                            f'<a href="{VIEWER_FILE}#{tag}">view {tag}</a>')
+    return html
+
+
 def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
-                base: Path) -> str:
+                base: Path, viewed: set[tuple[int, int]] | None = None) -> str:
     manifest = run.manifest
     corpus = manifest.get("corpus") or {}
     title = f"attngeom report: {run_title(manifest, run.run_dir)}"
@@ -93,6 +154,8 @@ def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
         parts = [figure_html(f.name, f.title, f.caption, f.png, _pdf(f), f.tables, DPI, base)
                  for f in figs]
         parts += [table_html(_drop_constant_keys(df), caption=cap) for cap, df in tabs]
+        if section.name == "taxonomy" and viewed:
+            parts.append(_taxonomy_heads_html(run.get("taxonomy"), viewed))
         blocks.append((section.name, section.heading, "".join(parts)))
 
     blocks.append(("tables", "Tables in this run", _tables_section(run)))
