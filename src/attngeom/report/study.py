@@ -68,7 +68,8 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
         figures.append(figure_html(fig_id, title, caption, png, pdf, [table], DPI, out))
     if figures:
         blocks.append(("figures", "Models side by side", "".join(figures)))
-    tab_html = "".join(table_html(df, caption=cap) for cap, df in study_tables(tables))
+    tab_html = "".join(table_html(df, caption=cap) for cap, df in
+                       study_tables(tables) + new_part_tables(tables, record))
     if tab_html:
         blocks.append(("tables", "Tables across models and corpora", tab_html))
     blocks.append(("references", "Published values",
@@ -374,4 +375,88 @@ def study_findings(tables: dict) -> list[str]:
             out.append(f"{row.model} on {row.corpus}{rule}: Spearman correlation of F_N with "
                        f"the restriction's relative delta-NLL over N = {row.ns}: "
                        f"{fmt(row.spearman)}.")
+    return out
+
+
+# --------------------------------------------------------------------------- issue 31-32
+
+
+def _background_label(tokens: int) -> str | None:
+    """0 -> "0K", 1024 -> "1K" (the paper's background names); None for other lengths."""
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else None
+
+
+def _published(record: dict, model: str, quantity: str, **setting) -> float:
+    """The follow-up's value of ``quantity`` for the study model ``model`` (matched by its
+    preset) in ``setting``; NaN where the paper did not run that model or setting."""
+    from attngeom.studies.references import REFERENCES
+
+    info = (record.get("models") or {}).get(model) or {}
+    preset = info.get("preset") if isinstance(info, dict) else None
+    if not preset:
+        return float("nan")
+    for ref in REFERENCES:
+        p = dict(ref.params)
+        if (ref.model == preset and ref.quantity == quantity and ref.value is not None
+                and all(k in p and (p[k] == v or (isinstance(v, float)
+                                                  and abs(float(p[k]) - v) < 1e-9))
+                        for k, v in setting.items())):
+            return float(ref.value)
+    return float("nan")
+
+
+def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]]:
+    """The atlas contingency across models, the qa probe's screen and N* by model and
+    background, and the context sweep's N* by model and L, with the follow-up's published
+    value beside ours where the study model is one the paper ran (matched by preset)."""
+    out = []
+    c = tables.get("atlas_contingency")
+    if c is not None and len(c):
+        out.append(("Head atlas: heads by regime and head type, across models",
+                    c.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
+                                  values="count", aggfunc="sum", fill_value=0)))
+    k = tables.get("atlas_kappa")
+    if k is not None and len(k):
+        out.append(("Head atlas: Cohen's kappa of regime and head type, across models",
+                    k.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
+                                  values="kappa", aggfunc="first")))
+    a = tables.get("qa_answers")
+    if a is not None and len(a):
+        cols = [x for x in ("prompt_format", "n_examples", "accuracy", "loss", "screen")
+                if x in a.columns]
+        out.append(("qa: answers and the competence screen by model and background",
+                    a.set_index(["model", "corpus", "background"])[cols]))
+    q = tables.get("qa_nstar")
+    if q is not None and len(q):
+        q = q.copy()
+        q["published"] = [
+            _published(record, r.model, "n_star_qa", ranking=r.ranking,
+                       renormalize=r.mode == "renormalisation", tau_nats=float(r.tau),
+                       background=_background_label(int(r.background)))
+            if _background_label(int(r.background)) else float("nan")
+            for r in q.itertuples()]
+        out.append(("qa: N* by model and background (published: the follow-up's Table 6 / "
+                    "10 value for the same model, where it ran it)",
+                    q.set_index(["model", "corpus", "ranking", "mode", "tau", "background"])[
+                        ["nstar", "nstar_low", "nstar_high", "published"]]))
+    n = tables.get("context_nstar")
+    if n is not None and len(n):
+        n = n.copy()
+        n["published"] = [
+            _published(record, r.model, "n_star", ranking=r.ranking,
+                       renormalize=r.mode == "renormalisation", tau=float(r.tau),
+                       window_length=int(r.length), protocol="context",
+                       scoring="tail128" if r.scoring == "tail" else "all")
+            for r in n.itertuples()]
+        out.append(("Context sweep: N* by model and length L (published: the follow-up's "
+                    "Tables 4 / 5 for the same model, where it ran it)",
+                    n.pivot_table(index=["model", "corpus", "scoring", "ranking", "mode",
+                                         "tau"], columns="length",
+                                  values=["nstar", "published"], dropna=False)))
+    lo = tables.get("restrict_local")
+    if lo is not None and len(lo):
+        top = lo[lo["rank"] == 1]
+        out.append(("Localised restriction: the most sensitive layer and head per model",
+                    top.set_index(["model", "corpus", "scope", "ranking", "renormalize",
+                                   "n"])[["layer", "head", "mean_doc_delta_rel"]]))
     return out
