@@ -270,15 +270,20 @@ def _nstar_rows(model, exs, candidates, base_loss, sel: Selection, taus, *, leng
                       "accuracy": float(np.mean(right[size]))})
     intervals = _nstar_intervals(base_loss, per_n, taus, length if endpoint else None,
                                  n_boot, seed)
-    found = [{**keys, "tau": float(tau), "nstar": result.nstar[float(tau)],
-              "grid_nstar": result.grid_nstar[float(tau)],
-              "nstar_stable": stable_nstar(result.evaluations, float(tau),
-                                           length if endpoint else None),
+    found = [{**keys, "tau": float(tau), "nstar": _number(result.nstar[float(tau)]),
+              "grid_nstar": _number(result.grid_nstar[float(tau)]),
+              "nstar_stable": _number(stable_nstar(result.evaluations, float(tau),
+                                                   length if endpoint else None)),
               "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
               "evaluations": len(result.evaluations), "prompt_tokens_max": length,
               "monotone": result.monotone, "notes": " | ".join(result.notes)}
              for tau in taus]
     return curve, found
+
+
+def _number(n: int | None) -> float:
+    """An N* as a float column value: NaN where nothing tried passed ("> grid_max")."""
+    return math.nan if n is None else float(n)
 
 
 def _nstar_intervals(base: np.ndarray, per_n: Mapping[int, np.ndarray], taus,
