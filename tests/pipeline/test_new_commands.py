@@ -161,12 +161,12 @@ def test_reports_name_the_new_sections_and_figures(atlas_run, qa_run) -> None:
     sections, html = parts(atlas_run)
     assert "atlas" in sections
     for name in ("atlas_contingency", "atlas_depth"):
-        assert f"{name}.png" in html, name
+        assert f'data-figure="{name}"' in html, name
     assert "Heads by regime and head type (counts)" in html
     sections, html = parts(qa_run)
     assert "competition" in sections
     for name in ("competition_support", "competition_recall_map"):
-        assert f"{name}.png" in html, name
+        assert f'data-figure="{name}"' in html, name
     assert "Competence screen" in html
 
 
