@@ -138,7 +138,15 @@ def report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     or ``OUT/index.html`` where ``out`` is given (a run directory one cannot write to)."""
     from attngeom.report import build_report
 
-    return build_report(Path(run_dir), out=out)
+    return build_report(Path(run_dir), out=out, viewer=report_viewer)
+
+
+def report_viewer(out_html, run_dir, heads) -> Path:
+    """The run report's geometry viewer page: ``heads`` at the final query of the run's
+    first window, the grid's N only (a small page)."""
+    from attngeom.viewer import write_viewer
+
+    return write_viewer(out_html, run=run_dir, heads=heads, queries=(-1,), n_max=0)
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> Comparison:

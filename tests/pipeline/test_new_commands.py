@@ -176,7 +176,8 @@ def test_report_links_heads_to_the_viewer(tmp_path, stories) -> None:
     res = api.analyze(str(STORIES_PATH), str(TINYSTORIES_PATH), tmp_path / "an",
                       progress=False, model_and_tokenizer=stories, n_windows=2,
                       window_length=32, analyses=("taxonomy",), bootstrap=0)
-    html = build_report(res.out_dir, formats=("png",)).read_text(encoding="utf-8")
+    html = build_report(res.out_dir, formats=("png",), viewer=api.report_viewer
+                        ).read_text(encoding="utf-8")
     links = re.findall(r'href="viewer.html#(L\d+H\d+)"', html)
     assert links and (res.out_dir / "report" / "viewer.html").is_file()
     page = (res.out_dir / "report" / "viewer.html").read_text(encoding="utf-8")

@@ -26,7 +26,7 @@ from attngeom.report.html import (
 )
 
 
-def build_report(run_dir, *, out=None, formats=("png", "pdf"), viewer: bool = True) -> Path:
+def build_report(run_dir, *, out=None, formats=("png", "pdf"), viewer=None) -> Path:
     """Write ``run_dir/report/index.html`` (figures beside it in ``report/figures``), or
     ``out/index.html`` where ``out`` is given (a run one cannot write to).
 
@@ -37,8 +37,10 @@ def build_report(run_dir, *, out=None, formats=("png", "pdf"), viewer: bool = Tr
     ``build_report("runs/demo/tinystories")`` writes and returns
     ``runs/demo/tinystories/report/index.html``.
 
-    For an analyze run with a taxonomy, ``viewer`` also writes ``viewer.html`` beside
-    the page (the geometry viewer of the two heads of each regime with the largest
+    For an analyze run with a taxonomy, ``viewer`` (a function ``(out_html, run_dir,
+    heads)`` writing the geometry viewer, ``attngeom.viewer.write_viewer`` through
+    ``api.report``; the report layer does not import the viewer) writes ``viewer.html``
+    beside the page (the geometry viewer of the two heads of each regime with the largest
     winning share, at the final query of the run's first window, the grid's N only) and
     links each of those heads' rows in the per-head taxonomy table to it
     (``viewer.html#L{layer}H{head}``); where the run's model or corpus cannot be
@@ -59,7 +61,7 @@ def build_report(run_dir, *, out=None, formats=("png", "pdf"), viewer: bool = Tr
     notes = list(rendered.notes)
     notes += [f"manifest.json lists table {name!r}, which this version of attngeom does not "
               "know; it is not shown" for name in run.unknown]
-    viewed = _viewer_page(run, out, notes) if viewer else set()
+    viewed = _viewer_page(run, out, notes, viewer) if viewer is not None else set()
     html = render_html(run, rendered.figures, notes, base=out, viewed=viewed)
     index = out / "index.html"
     index.write_text(html, encoding="utf-8")
@@ -83,7 +85,8 @@ def viewer_heads(taxonomy, per_regime: int = VIEWER_HEADS_PER_REGIME) -> list[tu
     return sorted(set(heads))
 
 
-def _viewer_page(run: RunTables, out: Path, notes: list[str]) -> set[tuple[int, int]]:
+def _viewer_page(run: RunTables, out: Path, notes: list[str], write
+                 ) -> set[tuple[int, int]]:
     """Write ``out/viewer.html`` for an analyze run's ``viewer_heads`` (empty set and a
     note where it cannot be written; nothing for other runs)."""
     taxonomy = run.get("taxonomy")
@@ -93,10 +96,7 @@ def _viewer_page(run: RunTables, out: Path, notes: list[str]) -> set[tuple[int, 
 
     heads = viewer_heads(taxonomy)
     try:
-        from attngeom.viewer import write_viewer
-
-        write_viewer(out / VIEWER_FILE, run=run.run_dir, heads=heads, queries=(-1,),
-                     n_max=0)
+        write(out / VIEWER_FILE, run.run_dir, heads)
     except (AttngeomError, OSError) as e:
         notes.append(f"the geometry viewer page was not written: {e}")
         return set()

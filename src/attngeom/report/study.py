@@ -386,22 +386,23 @@ def _background_label(tokens: int) -> str | None:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else None
 
 
-def _published(record: dict, model: str, quantity: str, **setting) -> float:
-    """The follow-up's value of ``quantity`` for the study model ``model`` (matched by its
-    preset) in ``setting``; NaN where the paper did not run that model or setting."""
-    from attngeom.studies.references import REFERENCES
-
-    info = (record.get("models") or {}).get(model) or {}
-    preset = info.get("preset") if isinstance(info, dict) else None
-    if not preset:
+def _published(tables: dict, model: str, quantity: str, **setting) -> float:
+    """The published value of ``quantity`` for study model ``model`` in ``setting``, as the
+    study's ``reference_values`` table lists it (``studies.combine.reference_values``:
+    only where the model is one the paper ran); NaN otherwise."""
+    refs = tables.get("reference_values")
+    if refs is None or not len(refs):
         return float("nan")
-    for ref in REFERENCES:
-        p = dict(ref.params)
-        if (ref.model == preset and ref.quantity == quantity and ref.value is not None
-                and all(k in p and (p[k] == v or (isinstance(v, float)
-                                                  and abs(float(p[k]) - v) < 1e-9))
-                        for k, v in setting.items())):
-            return float(ref.value)
+    rows = refs[(refs["model"] == model) & (refs["quantity"] == quantity)]
+    for r in rows.itertuples():
+        try:
+            p = json.loads(r.params)
+        except (TypeError, ValueError):
+            continue
+        same = all(k in p and (p[k] == v or (isinstance(v, float) and isinstance(
+            p[k], int | float) and abs(float(p[k]) - v) < 1e-9)) for k, v in setting.items())
+        if same and pd.notna(r.published):
+            return float(r.published)
     return float("nan")
 
 
@@ -430,7 +431,7 @@ def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]
     if q is not None and len(q):
         q = q.copy()
         q["published"] = [
-            _published(record, r.model, "n_star_qa", ranking=r.ranking,
+            _published(tables, r.model, "n_star_qa", ranking=r.ranking,
                        renormalize=r.mode == "renormalisation", tau_nats=float(r.tau),
                        background=_background_label(int(r.background)))
             if _background_label(int(r.background)) else float("nan")
@@ -443,7 +444,7 @@ def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]
     if n is not None and len(n):
         n = n.copy()
         n["published"] = [
-            _published(record, r.model, "n_star", ranking=r.ranking,
+            _published(tables, r.model, "n_star", ranking=r.ranking,
                        renormalize=r.mode == "renormalisation", tau=float(r.tau),
                        window_length=int(r.length), protocol="context",
                        scoring="tail128" if r.scoring == "tail" else "all")
