@@ -35,7 +35,7 @@ class CheckResult:
 
 def run_checks(model: str | None = None, *, device: str = "cpu",
                dtype: str = "float32") -> CheckResult:
-    """Load ``model`` (default: the shared stories260K) and run every self-check."""
+    """Load ``model`` (default: the bundled stories260K) and run every self-check."""
     from attngeom.assets import DEFAULT_MODEL, asset
     from attngeom.capture import check_model, load_model
     from attngeom.interventions.gates import check_gates
