@@ -165,11 +165,15 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
             restrict_rows.append({**mc, "scope": "model", "layer": -1, "head": -1, "n": n,
                                   "renormalize": renorm, "nll": 2.3 * (1 + d),
                                   "perplexity": float(np.exp(2.3 * (1 + d))),
-                                  "delta_nll_rel": d})
+                                  "delta_nll_rel": d, "ranking": "attention", "on_grid": True,
+                                  "passes": ",".join(str(t) for t in (0.05, 0.1) if d <= t)})
     restrict = pd.DataFrame(restrict_rows)
     restrict_nstar = pd.DataFrame([
         {**mc, "scope": "model", "layer": -1, "head": -1, "renormalize": renorm, "tau": tau,
-         "n_star": ns, "n_star_status": "above_grid" if ns != ns else "within_grid"}
+         "n_star": ns, "n_star_status": "above_grid" if ns != ns else "within_grid",
+         "ranking": "attention", "grid_n_star": ns, "n_star_low": ns, "n_star_high": ns,
+         "n_evaluated": len(N_GRID), "search": "grid", "monotone": True, "note": "",
+         "window_length": 64}
         for renorm, tau, ns in ((True, 0.05, 16), (True, 0.1, 8), (False, 0.1, 16),
                                 (False, 0.05, float("nan")))])
     return {"metrics": metrics, "summary": summary, "sink": sink,
