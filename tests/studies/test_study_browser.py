@@ -19,7 +19,8 @@ def test_study_report_renders_in_chromium(tiny_study, browser, tmp_path):  # noq
     assert page.external_requests == []
     assert page.title == "tiny study"
     html = res.report.read_text(encoding="utf-8")
-    assert len(page.images) == html.count("<img ") == 5
+    # topn, sink, regimes, pruning, restrict and the follow-up's Table 1
+    assert len(page.images) == html.count("<img ") == 6
     for image in page.images:
         assert image["ok"] and image["w"] > 0 and image["h"] > 0, image
     assert page.page_height > 2000
