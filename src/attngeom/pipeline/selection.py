@@ -18,7 +18,6 @@ selection:
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 
 import torch
@@ -98,12 +97,5 @@ def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
         return
     from attngeom.interventions.restriction import restrict_topn
 
-    kwargs: dict = {"renormalize": renormalize}
-    if "ranking" in inspect.signature(restrict_topn).parameters:
-        kwargs["ranking"] = ranking
-    elif ranking != "attention":
-        raise ConfigError(
-            f"ranking {ranking!r} needs restrict_topn(..., ranking=...), which this "
-            "attngeom does not have yet; use 'attention' or 'positional'")
-    with restrict_topn(model, n, **kwargs):
+    with restrict_topn(model, n, renormalize=renormalize, ranking=ranking):
         yield
