@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class PageReport:
     title: str = ""
     page_height: float = 0.0
     screenshot: Path | None = None
+    values: list = field(default_factory=list)  # of ``expressions``, in order
 
 
 class _Pipe:
@@ -104,10 +106,16 @@ class _Pipe:
         return self._next_id
 
 
-def inspect_page(browser: str, url: str, *, user_data_dir: Path, screenshot: Path,
-                 width: int = 1280, max_height: int = 16000,
-                 timeout: float = 40.0) -> PageReport:
-    """Load ``url`` in a fresh headless browser and return a ``PageReport``."""
+def inspect_page(browser: str, url: str, *, user_data_dir: Path, screenshot: Path | None,
+                 width: int = 1280, height: int = 900, max_height: int = 16000,
+                 timeout: float = 40.0, expressions: Sequence[str] = ()) -> PageReport:
+    """Load ``url`` in a fresh headless browser and return a ``PageReport``.
+
+    ``expressions`` (JavaScript) are evaluated in order after the load event, as a user's
+    actions would be (move a slider, switch a view); their values land in
+    ``report.values`` (None, with the exception among the console errors, where one
+    throws). ``screenshot=None`` takes none.
+    """
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
 
@@ -117,8 +125,8 @@ def inspect_page(browser: str, url: str, *, user_data_dir: Path, screenshot: Pat
         os.dup2(high_r, 3)
         os.dup2(high_w, 4)
 
-    cmd = [browser, *FLAGS, f"--user-data-dir={user_data_dir}", f"--window-size={width},900",
-           "about:blank"]
+    cmd = [browser, *FLAGS, f"--user-data-dir={user_data_dir}",
+           f"--window-size={width},{height}", "about:blank"]
     log_path = Path(str(user_data_dir) + ".log")
     log = open(log_path, "wb")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -194,11 +202,20 @@ def inspect_page(browser: str, url: str, *, user_data_dir: Path, screenshot: Pat
                                                  "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             call(f"{domain}.enable", session=session)
-        call("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900,
+        call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
                                                     "deviceScaleFactor": 1, "mobile": False},
              session=session)
         call("Page.navigate", {"url": url}, session=session)
         wait_event("Page.loadEventFired", session)
+        for expression in expressions:
+            result = call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                               "awaitPromise": True}, session=session)
+            if "exceptionDetails" in result:
+                report.console_errors.append(
+                    "exception: " + json.dumps(result["exceptionDetails"])[:500])
+                report.values.append(None)
+            else:
+                report.values.append(result["result"].get("value"))
         result = call("Runtime.evaluate", {"expression": IMAGE_CHECK, "awaitPromise": True,
                                            "returnByValue": True}, session=session)
         report.images = json.loads(result["result"]["value"])
@@ -206,14 +223,16 @@ def inspect_page(browser: str, url: str, *, user_data_dir: Path, screenshot: Pat
                                                  "returnByValue": True},
                             session=session)["result"]["value"]
         metrics = call("Page.getLayoutMetrics", session=session)
-        height = metrics.get("cssContentSize", metrics.get("contentSize"))["height"]
-        report.page_height = float(height)
-        shot = call("Page.captureScreenshot", {
-            "format": "png", "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": min(height, max_height),
-                     "scale": 1}}, session=session)
-        screenshot.write_bytes(base64.b64decode(shot["data"]))
-        report.screenshot = screenshot
+        page_height = metrics.get("cssContentSize", metrics.get("contentSize"))["height"]
+        report.page_height = float(page_height)
+        if screenshot is not None:
+            shot = call("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width,
+                         "height": min(page_height, max_height), "scale": 1}},
+                session=session)
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+            report.screenshot = screenshot
         # Give late console messages (e.g. a failed decode logged after load) a moment.
         settle = time.monotonic() + 0.3
         while time.monotonic() < settle:
