@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +38,14 @@ from attngeom.results.schemas import ROW_KEYS, SCHEMAS, TABLE_NAMES, validate_ta
 SRC = Path(__file__).resolve().parents[2] / "src" / "attngeom" / "results"
 STORIES_HF = Path(asset("stories260K"))
 
-INTERNALS_TABLES = (
-    "metrics", "summary", "sink", "sink_tokens", "taxonomy", "bounds", "assumptions",
-    "pruning", "rankings", "head_scan", "restrict", "restrict_nstar", "restrict_local",
-    "head_scores",  # the head atlas (pipeline/atlas.py)
-    "regime_stability", "geometry_loss", "reference_values",  # written by reproduce
-)
+def _internals_tables() -> tuple[str, ...]:
+    """The tables ``docs/internals.md`` lists (its table of tables), in its order."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "internals.md").read_text()
+    section = text[text.index("| table | written by |"):]
+    return tuple(re.findall(r"^\| `(\w+)` \|", section.split("\n\n")[0], flags=re.M))
+
+
+INTERNALS_TABLES = _internals_tables()
 
 
 def head_scan(rows=((0, 0), (0, 1), (1, 0), (1, 1))) -> pd.DataFrame:
