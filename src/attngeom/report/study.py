@@ -164,7 +164,9 @@ _REF_NAMES = {"published_text": "published", "measured": "ours", "quote": "note"
 
 def setting_text(params: str) -> str:
     """A reference's setting (its JSON ``params``) in a few words: ``attention, deleted,
-    tau 5%, L 1024, all targets``; the protocol and document count stay in the table."""
+    tau 5%, L 1024, all targets``; the probes' settings say which (``nested context``,
+    ``bAbI qa1``, ``background 1K``); the fixed protocol and document count stay in the
+    table."""
     try:
         p = json.loads(params)
     except (TypeError, ValueError):
@@ -183,11 +185,17 @@ def setting_text(params: str) -> str:
         parts.append(f"tau {p['tau_nats']} nat")
     for key, label in (("n", "N = "), ("n_min", "N >= "), ("distance", ""),
                        ("layer", "layer "), ("head", "head "),
-                       ("window_length", "L "), ("background", ""), ("regime", "")):
+                       ("window_length", "L "), ("background", "background "),
+                       ("regime", "")):
         if key in p:
             parts.append(f"{label}{p[key]}")
     if "scoring" in p:
         parts.append("all targets" if p["scoring"] == "all" else "final 128 targets")
+    if p.get("n_star_rule") == "stable":
+        parts.append("every larger N passing")
+    protocol = {"context": "nested context", "qa": "bAbI qa1"}.get(p.get("protocol"))
+    if protocol:
+        parts.insert(0, protocol)
     return ", ".join(parts) or "-"
 
 

@@ -138,7 +138,17 @@ REFERENCE_COLUMNS = ["model", "corpus", "quantity", "params", "published", "meas
                      "source", "location", "quote", "kind", "relation", "published_low",
                      "published_high", "published_text", "difference", "paper_models",
                      "our_setting", "paper_corpus"]
-_CONTEXT_PROTOCOLS = ("fixed", "geometry")  # the settings a small model is shown against
+# the settings a small model is shown against (qa and context: the competition probes)
+_CONTEXT_PROTOCOLS = ("fixed", "geometry", "context", "qa")
+_PROBE_PROTOCOLS = ("context", "qa")  # read from the competition probes' tables
+_PAPER_TAIL = 128  # App. B.3's tail128: the final 128 targets at every L
+_PAPER_LENGTHS = (256, 512, 1024, 2048)  # App. C.4's four window lengths
+_RATIO_LENGTHS = (256, 2048)  # C.4's "8x longer L": N*_5% at 2048 over 256
+_QA_TASK = "babilong-qa1"  # the probe generates (or reads) qa1 only
+# BABILong's background names as token counts (the probe's ``background`` column; a
+# BABILong split "1k" is read as 1024 tokens too): only an equal count is the same setting
+_BACKGROUND_TOKENS = {"0K": 0, "1K": 1024, "2K": 2048, "4K": 4096}
+_PAPER_QA_GRID = 256  # BABILong N*: powers of two 1..256 (App. B.4)
 
 
 def _nan(x) -> float:
@@ -160,9 +170,133 @@ def _restrict_rows(df: pd.DataFrame, p: dict) -> pd.DataFrame:
     return df
 
 
-def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str) -> float:
+def _mode(p: dict) -> str:
+    """The probes' ``mode`` column for a reference's ``renormalize``."""
+    return "renormalisation" if p.get("renormalize", False) else "deletion"
+
+
+def _selected(df: pd.DataFrame, p: dict) -> pd.DataFrame:
+    return df[(df["ranking"] == p.get("ranking", "attention")) & (df["mode"] == _mode(p))]
+
+
+def _measured_context(quantity: str, p: dict, rows, tail: int | None) -> float:
+    """Our number from the context sweep (``context_*``) in a C.4 setting: the same L,
+    ranking, deletion or renormalisation, relative tau and scoring. Tail128 is our
+    ``tail`` scoring only when the sweep scored the final 128 targets (a shorter tail is
+    another setting: NaN); all-token scoring is the same whatever the tail."""
+    scoring = p.get("scoring")
+    if scoring == "tail128":
+        if tail != _PAPER_TAIL:
+            return math.nan
+        ours = "tail"
+    elif scoring == "all":
+        ours = "all"
+    else:
+        return math.nan  # no scoring named (the NLL drop, parity): not read here
+    if quantity in ("n_star", "n_star_ci_low", "n_star_ci_high", "n_star_ratio"):
+        s = rows("context_nstar")
+        if s is None or "tau" not in p:
+            return math.nan  # no table, or C.4's absolute tolerance (not run here)
+        s = _selected(s, p)
+        s = s[(s["scoring"] == ours) & np.isclose(s["tau"].astype(float), float(p["tau"]))]
+        if quantity == "n_star_ratio":
+            a, b = (_one(s[s["length"] == L]["nstar"]) for L in _RATIO_LENGTHS)
+            return b / a if a > 0 else math.nan
+        if "window_length" not in p:
+            return math.nan
+        column = {"n_star_ci_low": "nstar_low", "n_star_ci_high": "nstar_high"}.get(
+            quantity, "nstar_stable" if p.get("n_star_rule") == "stable" else "nstar")
+        if column not in s.columns:
+            return math.nan
+        return _one(s[s["length"] == int(p["window_length"])][column])
+    if quantity == "n_star_loglog_slope":
+        s, ns = rows("context_slope"), rows("context_nstar")
+        if s is None or ns is None or "tau" not in p:
+            return math.nan
+        ns = _selected(ns, p)
+        ns = ns[(ns["scoring"] == ours) & np.isclose(ns["tau"].astype(float), float(p["tau"]))]
+        if sorted(set(ns["length"].astype(int))) != list(_PAPER_LENGTHS):
+            return math.nan  # a slope over other lengths is another setting
+        s = _selected(s, p)
+        return _one(s[(s["scoring"] == ours)
+                      & np.isclose(s["tau"].astype(float), float(p["tau"]))]["slope"])
+    if quantity == "delta_nll_rel":
+        s = rows("context_curve")
+        if s is None or "n" not in p or "window_length" not in p:
+            return math.nan
+        s = _selected(s, p)
+        s = s[(s["scoring"] == ours) & (s["length"] == int(p["window_length"]))
+              & (s["n"] == int(p["n"]))]
+        return _one(s["delta_rel"].drop_duplicates())
+    return math.nan
+
+
+def _qa_nstar(rows, p: dict, background: int) -> float:
+    """Our qa N* in the paper's reading: the power-of-two grid estimate (Tables 6 and 10
+    report grid values up to 256), NaN where our grid found no pass (its value is then
+    the prompt-length endpoint, which the paper's grid would not give)."""
+    s = rows("qa_nstar")
+    if s is None or "tau_nats" not in p:
+        return math.nan
+    s = _selected(s, p)
+    s = s[(s["background"] == background)
+          & np.isclose(s["tau"].astype(float), float(p["tau_nats"]))]
+    n = _one(s["grid_nstar"])
+    if not math.isfinite(n) or n > _PAPER_QA_GRID or int(n) & (int(n) - 1) \
+            or ("prompt_tokens_max" in s.columns and n >= float(s["prompt_tokens_max"].iloc[0])):
+        return math.nan
+    return n
+
+
+def _measured_qa(quantity: str, p: dict, rows) -> float:
+    """Our number from the qa probe (``qa_*``) in a BABILong qa1 setting: the same
+    background (token count), ranking, deletion or renormalisation and tau in nats; the
+    4K/0K ratios and changes only where we ran both 0 and 4096 tokens of background."""
+    bg = _BACKGROUND_TOKENS.get(p.get("background"))
+    low, high = _BACKGROUND_TOKENS["0K"], _BACKGROUND_TOKENS["4K"]
+    if quantity == "n_star_qa":
+        return math.nan if bg is None else _qa_nstar(rows, p, bg)
+    if quantity == "n_star_qa_ratio":
+        return _qa_nstar(rows, p, high) / _qa_nstar(rows, p, low)
+    if quantity in ("qa_loss", "qa_accuracy", "qa_accuracy_change_pp"):
+        s = rows("qa_answers")
+        if s is None:
+            return math.nan
+        column = "loss" if quantity == "qa_loss" else "accuracy"
+
+        def at(b):
+            return _one(s[s["background"] == b][column])
+
+        if quantity == "qa_accuracy_change_pp":
+            return 100.0 * (at(high) - at(low))
+        return math.nan if bg is None else at(bg)
+    statistic = {"support_displacement_ratio": "displacement", "support_mass_ratio": "mass",
+                 "support_recall64_change_pp": "recall",  # the probe's recall is @64
+                 "outranking_probability": "outranking"}.get(quantity)
+    if statistic is None:
+        return math.nan  # non-support counts and slopes: not in our tables
+    s = rows("qa_support_summary")
+    if s is None:
+        return math.nan
+    # mass is of the attention probabilities whatever the score; the others rank by it
+    s = s[(s["score"] == p.get("ranking", "attention")) & (s["statistic"] == statistic)
+          & (s["split"] == "all")]
+
+    def mean(b):
+        return _one(s[s["background"] == b]["mean"])
+
+    if quantity == "outranking_probability":
+        return math.nan if bg is None else mean(bg)
+    if quantity == "support_recall64_change_pp":
+        return 100.0 * (mean(high) - mean(low))
+    return mean(high) / mean(low) if mean(low) > 0 else math.nan
+
+
+def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str,
+                  tail: int | None = None) -> float:
     """Our number for ``quantity`` in setting ``p`` on one model and corpus (NaN: the
-    study did not measure it in that setting)."""
+    study did not measure it in that setting). ``tail``: the targets our context sweep
+    scored on this model and corpus (None: not known)."""
 
     def rows(name):
         df = tables.get(name)
@@ -170,6 +304,10 @@ def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str)
             return None
         return df[(df["model"] == model) & (df["corpus"] == corpus)]
 
+    if p.get("protocol") == "context":
+        return _measured_context(quantity, p, rows, tail)
+    if p.get("protocol") == "qa":
+        return _measured_qa(quantity, p, rows)
     if quantity in ("f_score", "precision", "recall", "best_n"):
         s = rows("summary")
         if s is None:
@@ -222,11 +360,15 @@ def _measured_one(quantity: str, p: dict, tables: dict, model: str, corpus: str)
     return math.nan
 
 
-def _measured(ref, tables: dict, model: str, corpora: list[str]) -> float:
+def _measured(ref, tables: dict, model: str, corpora: list[str],
+              tails: dict | None = None) -> float:
     """Our number for ``ref`` on ``model``. A two-corpus reference reads the averaged
     geometry-loss row (Table 1), the maximum of the two corpora's N*_tau (the paper's
-    cross-corpus summary), or the mean of the corpora's values of any other quantity."""
+    cross-corpus summary), or the mean of the corpora's values of any other quantity.
+    ``tails``: (model, corpus) -> the targets our context sweep scored there."""
     p = ref.setting
+    if p.get("protocol") == "qa" and ref.corpus.lower() != _QA_TASK:
+        return math.nan  # qa2, qa3: the probe runs qa1 only
     if ref.quantity == "spearman_f_dnll":
         g = tables.get("geometry_loss")
         if g is None or not len(g):
@@ -238,7 +380,8 @@ def _measured(ref, tables: dict, model: str, corpora: list[str]) -> float:
         if "n_min" in g.columns:
             g = g[g["n_min"] == int(p.get("n_min", 1))]
         return _one(g["spearman"])
-    values = [_measured_one(ref.quantity, p, tables, model, c) for c in corpora]
+    values = [_measured_one(ref.quantity, p, tables, model, c,
+                            tail=(tails or {}).get((model, c))) for c in corpora]
     if len(values) == 1:
         return values[0]
     if not all(math.isfinite(v) for v in values):
@@ -259,8 +402,63 @@ def _corpus_labels(study, ref_corpus: str) -> list[str] | None:
     return sorted(found)
 
 
-def _our_setting(study, model: str, corpora: list[str]) -> str:
-    """Window length, protocol and documents of the study's restrict (else analyze) runs."""
+_PROBE_COMMANDS = ("competition-{}", "competition")  # a study part, or the plain command
+
+
+def _probe_configs(study, protocol: str, model: str, corpora: list[str]) -> list:
+    """The configurations of the study's ``protocol`` probe runs on ``model`` and
+    ``corpora`` (a plain ``competition`` run counts when its probe is that one)."""
+    out = []
+    for command in _PROBE_COMMANDS:
+        for cell in study.cells_of(command.format(protocol)):
+            if cell.model == model and cell.corpus in corpora \
+                    and getattr(cell.config, "probe", protocol) == protocol:
+                out.append(cell.config)
+    return out
+
+
+def _tails(study, tables: dict) -> dict:
+    """(model, corpus) -> the final targets our context sweep scored there: the run's
+    ``tail`` option, else a ``competition_settings`` row that names it."""
+    out = {}
+    settings = tables.get("competition_settings")
+    if settings is not None and len(settings) and {"model", "corpus", "setting",
+                                                   "value"} <= set(settings.columns):
+        for r in settings[settings["setting"] == "tail"].itertuples(index=False):
+            try:
+                out[(r.model, r.corpus)] = int(r.value)
+            except (TypeError, ValueError):
+                continue
+    for model in study.models:
+        for corpus in study.corpora:
+            for cfg in _probe_configs(study, "context", model, [corpus]):
+                if getattr(cfg, "tail", None) is not None:
+                    out[(model, corpus)] = int(cfg.tail)
+    return out
+
+
+def _probe_setting(study, protocol: str, model: str, corpora: list[str]) -> str:
+    """What our qa or context probe ran, in a few words (the row's ``our_setting``)."""
+    for cfg in _probe_configs(study, protocol, model, corpora):
+        if protocol == "context":
+            lengths = ",".join(str(x) for x in getattr(cfg, "lengths", ()))
+            return (f"context: L = {lengths}, final {getattr(cfg, 'tail', '?')} targets "
+                    f"and all targets, {getattr(cfg, 'n_documents', '?')} documents")
+        babilong = getattr(cfg, "babilong", None)
+        source = (f"BABILong {babilong}" if babilong else
+                  f"generated qa1, {getattr(cfg, 'n_episodes', '?')} episodes")
+        backgrounds = ",".join(str(x) for x in getattr(cfg, "backgrounds", ()))
+        return (f"qa: {source}, background {backgrounds} tokens, "
+                f"{getattr(cfg, 'prompt_format', '?')} prompts, N grid to "
+                f"{getattr(cfg, 'grid_max', '?')}")
+    return ""
+
+
+def _our_setting(study, model: str, corpora: list[str], protocol: str | None = None) -> str:
+    """Window length, protocol and documents of the study's restrict (else analyze) runs;
+    for a qa or context reference, what the probe ran."""
+    if protocol in _PROBE_PROTOCOLS:
+        return _probe_setting(study, protocol, model, corpora)
     for command in ("restrict", "analyze"):
         for cell in study.cells_of(command):
             if cell.model == model and cell.corpus in corpora:
@@ -271,21 +469,42 @@ def _our_setting(study, model: str, corpora: list[str]) -> str:
     return ""
 
 
-def _row(ref, model, corpora, measured, kind, study, low=None, high=None, models=""):
+def _tail_note(ref, model: str, corpora: list[str], tails: dict) -> str:
+    """Why a tail128 value has no number of ours beside it when our sweep scored another
+    tail (empty otherwise)."""
+    p = ref.setting
+    if p.get("protocol") != "context" or p.get("scoring") != "tail128":
+        return ""
+    other = sorted({tails[(model, c)] for c in corpora
+                    if tails.get((model, c)) not in (None, _PAPER_TAIL)})
+    if not other:
+        return ""
+    return (f"our sweep scored the final {','.join(map(str, other))} targets, not "
+            f"{_PAPER_TAIL}: another setting, not measured")
+
+
+def _row(ref, model, corpora, measured, kind, study, low=None, high=None, models="",
+         tails=None):
     published = _nan(ref.value) if kind == "match" and not ref.is_range else math.nan
     exact = kind == "match" and ref.relation == "=" and ref.value is not None
     diff = measured - float(ref.value) if exact and math.isfinite(measured) else math.nan
+    protocol = ref.setting.get("protocol")
+    note = ref.note
+    if protocol in _PROBE_PROTOCOLS:
+        extra = _tail_note(ref, model, corpora, tails or {})
+        note = "; ".join(x for x in (note, extra) if x)
     return {
         "model": model, "corpus": "+".join(corpora), "quantity": ref.quantity,
         "params": json.dumps(ref.setting, sort_keys=True), "published": published,
         "measured": measured, "source": ref.source, "location": ref.where,
-        "quote": ref.note, "kind": kind, "relation": ref.relation,
+        "quote": note, "kind": kind, "relation": ref.relation,
         "published_low": _nan(low if low is not None else ref.low),
         "published_high": _nan(high if high is not None else ref.high),
         "published_text": (f"{low:g}-{high:g}" if low is not None and low != high
                            else f"{low:g}" if low is not None else ref.shown()),
         "difference": diff, "paper_models": models,
-        "our_setting": _our_setting(study, model, corpora), "paper_corpus": ref.corpus,
+        "our_setting": _our_setting(study, model, corpora, protocol),
+        "paper_corpus": ref.corpus,
     }
 
 
@@ -305,6 +524,7 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
 
     refs = list(references)
     run_by = {r.model for r in refs if r.model != ANY_MODEL}
+    tails = _tails(study, tables)
     rows = []
     for m_label, m in study.models.items():
         preset = getattr(m.preset, "name", None)
@@ -312,11 +532,10 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
             for ref in refs:
                 if ref.model != preset:
                     continue
-                corpora = _corpus_labels(study, ref.corpus)
-                if corpora is None:
-                    continue
-                rows.append(_row(ref, m_label, corpora,
-                                 _measured(ref, tables, m_label, corpora), "match", study))
+                for corpora in _match_corpora(study, tables, ref, m_label):
+                    rows.append(_row(ref, m_label, corpora,
+                                     _measured(ref, tables, m_label, corpora, tails),
+                                     "match", study, tails=tails))
         groups: dict = {}
         for ref in refs:
             if ref.setting.get("protocol") not in _CONTEXT_PROTOCOLS:
@@ -335,11 +554,32 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
                 continue
             models = ",".join(sorted({r.model for r in group}))
             for corpora in _context_corpora(study, ref.corpus):
-                measured = _measured(ref, tables, m_label, corpora)
+                measured = _measured(ref, tables, m_label, corpora, tails)
                 if math.isfinite(measured):
                     rows.append(_row(ref, m_label, corpora, measured, "context", study,
-                                     low=min(both), high=max(both), models=models))
+                                     low=min(both), high=max(both), models=models,
+                                     tails=tails))
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
+
+
+_QA_TABLES = ("qa_answers", "qa_nstar", "qa_support_summary", "qa_curve")
+
+
+def _match_corpora(study, tables: dict, ref, model: str) -> list[list[str]]:
+    """The study corpora a paper model's reference is matched on: the reference's own
+    corpus (both, for a two-corpus value); for BABILong qa1, each corpus our qa probe
+    took its background from on this model (its task is qa1 whatever the background)."""
+    if ref.setting.get("protocol") != "qa":
+        corpora = _corpus_labels(study, ref.corpus)
+        return [] if corpora is None else [corpora]
+    if ref.corpus.lower() != _QA_TASK:
+        return []
+    found = set()
+    for name in _QA_TABLES:
+        df = tables.get(name)
+        if df is not None and len(df):
+            found |= set(df.loc[df["model"] == model, "corpus"].astype(str))
+    return [[c] for c in sorted(found)]
 
 
 def _context_corpora(study, ref_corpus: str) -> list[list[str]]:

@@ -26,7 +26,10 @@ The setting (``params``) uses the names of attngeom's tables where they exist:
 - ``window_length`` (L, the initial token included), ``scoring`` (``all``: every target
   of the window; ``tail128``: the final 128 targets), ``protocol`` (``fixed``: App. B.2's
   one hashed window per document; ``context``: B.3's nested suffixes; ``qa``: BABILong);
-- ``distance``, ``layer``, ``head``, ``background`` (BABILong 0K..4K), ``n_documents``.
+- ``distance``, ``layer``, ``head``, ``background`` (BABILong 0K..4K), ``n_documents``;
+- ``n_star_rule``: ``stable`` for App. C.4's second reading of a non-monotone curve (the
+  smallest N from which every larger tested N passes); absent, N* is the smallest tested
+  pass. ``ranking`` ``positional``: App. E.5's control (BOS and the N - 1 latest keys).
 
 ``combine.reference_values`` puts our number beside the published one where the
 study ran the same preset, corpus and setting, and shows a paper's range over its
@@ -87,8 +90,9 @@ QUANTITIES = {
 
 PARAM_KEYS = ("n", "n_min", "rule", "ranking", "variant", "distance", "tau", "tau_nats",
               "renormalize", "scope", "layer", "head", "regime", "window_length",
-              "scoring", "protocol", "background", "n_documents")
-_CHOICES = {"rule": RULES, "ranking": RULES, "distance": DISTANCES, "regime": REGIMES,
+              "scoring", "protocol", "background", "n_documents", "n_star_rule")
+_CHOICES = {"rule": RULES, "ranking": (*RULES, "positional"), "distance": DISTANCES,
+            "regime": REGIMES, "n_star_rule": ("smallest", "stable"),
             "scope": ("model", "layer", "head"), "scoring": ("all", "tail128"),
             "protocol": ("fixed", "context", "qa", "geometry"),
             "background": ("0K", "1K", "2K", "4K"), "renormalize": (False, True)}
@@ -344,7 +348,8 @@ def _c4_numbers() -> list[Reference]:
                                             ("gemma-7b", WT, 423, 425, 2048)):
         out.append(Reference(
             _F, "App. C.4", model, corpus, "n_star", stable,
-            _p(ranking="attention", tau=0.05, window_length=L, scoring="tail128", **ctx),
+            _p(ranking="attention", tau=0.05, window_length=L, scoring="tail128",
+               n_star_rule="stable", **ctx),
             note=f"non-monotone loss: smallest passing N {first}; {stable} is the smallest "
                  "with every larger tested N passing"))
     out.append(Reference(_F, "App. C.4", ANY_MODEL, OWT, "nll_drop", low=-0.342, high=-0.292,
@@ -535,11 +540,11 @@ def _babilong() -> list[Reference]:
     # App. E.5 positional control (BOS + N - 1 most recent tokens)
     out += [
         Reference(_F, "App. E.5", "qwen-2.5-7b", qa1, "statement", None,
-                  _p(tau_nats=0.10, protocol="qa"),
+                  _p(ranking="positional", tau_nats=0.10, protocol="qa"),
                   note="positional control (BOS + N-1 most recent) never passes at 0K, 2K "
                        "or 4K for N in 16..256"),
         Reference(_F, "App. E.5", "mistral-7b-v0.3", qa1, "n_star_qa", 32,
-                  _p(tau_nats=0.10, background="0K", protocol="qa"),
+                  _p(ranking="positional", tau_nats=0.10, background="0K", protocol="qa"),
                   note="positional control (BOS + N-1 most recent); never passes at 2K/4K"),
     ]
     return out
