@@ -5,23 +5,36 @@ most tau. Scanning every integer costs a pass over the data per N, so the paper 
 it: evaluate the powers of two below ``grid_max`` (and below the window length), then for
 each tau take h = the smallest known passing N (the window length ``length`` when none
 passes: restricting to ``length`` keys changes nothing, the exact zero-degradation
-endpoint) and l = the largest known failing N below h (0 when none), evaluate
-floor((l + h) / 2) until h - l = 1, and finally test max(1, h - refine) .. h - 1 upward,
-accepting the first that passes (else h). Evaluations are shared across the taus: every
-N is evaluated once, and each tau reads every evaluation so far.
+endpoint) and l = the largest known failing N below h (0 when none), narrow (l, h) until
+h - l = 1, and finally test max(1, h - refine) .. h - 1 upward, accepting the first that
+passes (else h). Evaluations are shared across the taus: every N is evaluated once, and
+each tau reads every evaluation so far.
+
+Narrowing (``step``): ``bisect`` evaluates floor((l + h) / 2), the paper's rule.
+``interpolate`` (the default) evaluates the N where the curve through the nearest known
+points in log N vs log delta reaches tau (delta curves are close to power laws), clamped
+strictly inside (l, h), with bisection's midpoint whenever no such N can be predicted or
+two steps in a row did not halve the bracket. Any N strictly inside the bracket keeps the
+answer exact, so where the loss is monotone both steps give the same N*_tau; they differ
+only in which N they try.
 
 The taus advance in lockstep: each round asks every unfinished tau for its next N, the
 distinct ones go to ``evaluate`` in one call (so one pass over the data can evaluate
 them together) and the round repeats. The result is the smallest passing N among those
 tried (every tried N below it fails): where the loss is not monotone another tau's
-later bisection can try a smaller N that passes a finished tau, and N*_tau, a minimum,
+later narrowing can try a smaller N that passes a finished tau, and N*_tau, a minimum,
 takes it. Where the loss is monotone in N that is the
 exact N*_tau, and where it is not (a larger tried N fails after a smaller one passes)
 ``monotone`` is False and ``notes`` say where.
 
-Cost: per tau at most ceil(log2(gap)) bisection steps, gap the widest bracket (768 for a
-1024-token window above 256), plus ``refine - 1`` refinements (h - 1 = l is known):
-12 beyond the grid for one tau at T = 1024, fewer where the taus share brackets.
+Cost beyond the grid, per tau: bisection takes ceil(log2(gap)) steps, gap the widest
+bracket (768 for a 1024-token window above 256), plus ``refine - 1`` refinements
+(h - 1 = l is known): 12 for one tau at T = 1024, and three taus in different brackets
+took a median of 18 (up to 30) on smooth curves. Four is the floor for a tau whose N* is
+not next to the grid (N*, N* - 1 to confirm it, two refinements), which interpolation
+reaches when its prediction is right: on an exact power law always (at most 12 for three
+taus), and on smooth near-power-law curves a median of 10 (T = 256) and 11 (T = 1024)
+for three taus, at most 14 (``tests/interventions/test_nstar.py`` measures it).
 """
 
 from __future__ import annotations
@@ -104,6 +117,76 @@ def _bracket(known: Mapping[int, float], tau: float, top: int | None) -> tuple[i
     return (max(failing) if failing else 0), h
 
 
+STEPS = ("interpolate", "bisect")
+
+
+def _log_point(known: Mapping[int, float], n: int) -> tuple[float, float] | None:
+    """(log N, log delta) of a known N, or None where delta is not positive and finite."""
+    d = known.get(n)
+    if d is None or n < 1 or not (math.isfinite(d) and d > 0):
+        return None
+    return math.log(n), math.log(d)
+
+
+def _inverse(points: Sequence[tuple[float, float]], y: float) -> float | None:
+    """The polynomial through ``points`` (log N as a function of log delta) at ``y``,
+    as an N; None where two deltas are equal."""
+    ys = [q for _, q in points]
+    if len(points) < 2 or len(set(ys)) < len(ys):
+        return None
+    lx = 0.0
+    for i, (xi, yi) in enumerate(points):
+        weight = 1.0
+        for j, yj in enumerate(ys):
+            if j != i:
+                weight *= (y - yj) / (yi - yj)
+        lx += weight * xi
+    return math.exp(lx) if math.isfinite(lx) and lx < 700 else None
+
+
+def _crossing(known: Mapping[int, float], tau: float, low: int, high: int) -> float | None:
+    """The predicted N where delta reaches tau; None where there is none.
+
+    Delta curves are close to power laws, straight lines in log N vs log delta, so log N
+    is interpolated as a function of log delta through the bracket's ends and the known
+    N nearest to them (the third point takes up the bend), else (that lands outside
+    (low, high]) along the straight line through the first two. Where ``high`` has no
+    usable delta (the endpoint, never evaluated, or a delta <= 0) the points are ``low``
+    and the known Ns nearest it: an extrapolation (the caller clamps the N it gets)."""
+    if low < 1 or not tau > 0 or _log_point(known, low) is None:
+        return None
+    ends = [low] + ([high] if _log_point(known, high) is not None else [])
+    centre = sum(math.log(n) for n in ends) / len(ends)
+    others = sorted((n for n in known if n not in ends and _log_point(known, n) is not None),
+                    key=lambda n: (abs(math.log(n) - centre), n))
+    points = [_log_point(known, n) for n in [*ends, *others][:3]]
+    x = _inverse(points, math.log(tau))
+    return x if x is not None and low < x <= high else _inverse(points[:2], math.log(tau))
+
+
+def _narrow(known: Mapping[int, float], tau: float, low: int, high: int, step: str,
+            slow: int, first: bool) -> list[int]:
+    """The Ns to try next inside the bracket (low, high), high - low > 1.
+
+    ``bisect``: the midpoint. ``interpolate``: the predicted N* (``_crossing``, rounded
+    up, clamped strictly inside the bracket). The first prediction (from grid points a
+    factor of two apart, or extrapolated to the endpoint) is rough: one N, one below it,
+    since the refinement evaluates N* - 3 .. N* - 1 anyway and landing a little low
+    costs nothing. Later ones lean on a nearby point and are close: the prediction and
+    the N below it, so a right one closes the bracket in that round. The midpoint where
+    nothing can be predicted or where the last two steps (``slow``) each failed to halve
+    the bracket (one near miss leaves the far end where it was; two in a row means the
+    curve is not near a power law), which bounds the rounds on any curve."""
+    mid = (low + high) // 2
+    if step == "bisect" or slow >= 2:
+        return [mid]
+    x = _crossing(known, tau, low, high)
+    if x is None:
+        return [mid]
+    guess = min(max(math.ceil(x) - int(first), low + 1), high - 1)
+    return [guess] if first or guess - 1 <= low else [guess, guess - 1]
+
+
 def _check(taus: Sequence[float], length: int, grid_max: int, refine: int) -> list[float]:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
         raise ConfigError(f"length: expected a positive integer, got {length!r}")
@@ -119,7 +202,8 @@ def _check(taus: Sequence[float], length: int, grid_max: int, refine: int) -> li
 
 def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Sequence[float],
                  *, length: int, grid_max: int = 256, refine: int = 3,
-                 endpoint: bool = True, grid: Sequence[int] | None = None) -> NStarSearch:
+                 endpoint: bool = True, grid: Sequence[int] | None = None,
+                 step: str = "interpolate") -> NStarSearch:
     """The paper's adaptive search for the integer N*_tau of every tau at once.
 
     ``evaluate(ns)`` returns the delta of each N of ``ns`` (distinct, each in
@@ -129,14 +213,20 @@ def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Seq
     nothing above the grid is tried and a tau no grid N passes gets ``None`` (the
     answer-loss protocol's "> 256"). Pass means delta <= tau. ``grid``: the first
     round's Ns instead of the powers of two up to ``grid_max`` (those >= length are
-    dropped).
+    dropped). ``step``: how a bracket narrows, ``interpolate`` (predict N* from the
+    log-log curve) or ``bisect`` (the paper's midpoint); the same N* where the loss is
+    monotone, interpolation with fewer evaluations on power-law-like curves.
 
     >>> curve = lambda ns: [1.0 / n for n in ns]          # monotone: N* = ceil(1 / tau)
-    >>> search_nstar(curve, [0.05, 0.3], length=64).nstar
-    {0.05: 20, 0.3: 4}
+    >>> found = search_nstar(curve, [0.05, 0.3], length=64)
+    >>> found.nstar, sorted(set(found.evaluations) - set(found.grid))
+    ({0.05: 20, 0.3: 4}, [3, 17, 18, 19, 20])
+    >>> bisected = search_nstar(curve, [0.05, 0.3], length=64, step="bisect")
+    >>> bisected.nstar, sorted(set(bisected.evaluations) - set(bisected.grid))
+    ({0.05: 20, 0.3: 4}, [3, 17, 18, 19, 20, 24])
     """
     steps = search_rounds(taus, length=length, grid_max=grid_max, refine=refine,
-                          endpoint=endpoint, grid=grid)
+                          endpoint=endpoint, grid=grid, step=step)
     ns = next(steps)
     while True:
         values = list(evaluate(ns))
@@ -148,14 +238,17 @@ def search_nstar(evaluate: Callable[[Sequence[int]], Sequence[float]], taus: Seq
 
 def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, refine: int = 3,
                   endpoint: bool = True, grid: Sequence[int] | None = None,
-                  adaptive: bool = True,
+                  adaptive: bool = True, step: str = "interpolate",
                   ) -> Generator[list[int], Sequence[float], NStarSearch]:
     """``search_nstar`` as a generator, for callers that run many searches in lockstep
     (one pass over the data per round for all of them): it yields each round's Ns, is
     sent their deltas in the same order, and returns the ``NStarSearch``
     (``StopIteration.value``). The grid round may be empty (a window of one token).
-    ``adaptive=False`` stops after the grid: N*_tau is then the grid estimate."""
+    ``adaptive=False`` stops after the grid: N*_tau is then the grid estimate. ``step``
+    as in ``search_nstar``."""
     taus = _check(taus, length, grid_max, refine)
+    if step not in STEPS:
+        raise ConfigError(f"step: expected one of {', '.join(STEPS)}, got {step!r}")
     length = int(length)
     known: dict[int, float] = {}
 
@@ -179,6 +272,10 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
     # per tau: None (bisecting), or the refinement's base h (then the candidates
     # max(1, h - refine) .. h - 1 are tried upward); result once decided
     base: dict[float, int | None] = dict.fromkeys(taus)
+    # per tau: the bracket's width before the last narrowing step, and how many steps in a
+    # row did not halve it
+    width: dict[float, int] = {}
+    slow: dict[float, int] = dict.fromkeys(taus, 0)
     result: dict[float, int | None] = {} if adaptive else dict(grid_nstar)
     rounds = 1
     while len(result) < len(taus):
@@ -192,7 +289,11 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
                     result[tau] = None
                     continue
                 if high - low > 1:
-                    asked.append((low + high) // 2)
+                    if tau in width:  # did the last step at least halve the bracket?
+                        slow[tau] = 0 if 2 * (high - low) <= width[tau] + 1 else slow[tau] + 1
+                    asked.extend(_narrow(known, tau, low, high, step, slow.get(tau, 0),
+                                         tau not in width))
+                    width[tau] = high - low
                     continue
                 base[tau] = high
             h = base[tau]
