@@ -460,3 +460,19 @@ def test_row_states_are_the_coordinate_chain(seed, window, layer, heads, positio
             for coord in (_fold(windows[i]), _fold(layer), h & 0xFFFFFFFF, t, k):
                 state = combine(state, coord)
             assert int(got[c][k, i, j, 0]) == state, (c, k, h, t)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40),
+       width=st.integers(1, 2100), shape=st.sampled_from([(-1,), (1, -1), (-1, 1, 1)]))
+def test_row_hash_is_the_elementwise_hash(rows, width, shape):
+    """hash32_rows (in place, blocks of rows) gives the words of hash32 on the full
+    broadcast, for widths around the block size and any leading shape."""
+    from attngeom.core.kernels import hash32, hash32_rows, hashed_positions
+
+    keys = hashed_positions(torch.arange(width, dtype=torch.int64))
+    states = torch.tensor(rows, dtype=torch.int64).reshape(shape)
+    expected = hash32(states[..., None] ^ keys)
+    got = hash32_rows(states, keys)
+    assert got.dtype == torch.int64 and got.shape == expected.shape
+    assert torch.equal(got, expected)

@@ -483,3 +483,39 @@ def hashed_positions(keys: Tensor) -> Tensor:
     """The per-position half of ``combine``: ``hash32(key + golden)``, the same for
     every row, so it is computed once per window length and not once per row."""
     return hash32((keys + _GOLDEN) & _M32)
+
+
+# rows hashed per block by ``hash32_rows``: 64 rows of 1024 keys are 512 kB of int64, so
+# the seven in-place passes of a block stay in cache
+_HASH_BLOCK_ELEMENTS = 1 << 16
+
+
+def hash32_rows(states: Tensor, keys: Tensor) -> Tensor:
+    """``hash32(states[..., None] ^ keys)`` as a new (..., T) int64 tensor, bit for bit.
+
+    The restriction's random ranking hashes every (row, key) pair of every layer:
+    ``hash32`` on the full (B, H, Q, T) block allocates a fresh tensor for each of its
+    eleven operations and cost seven times the ranking's top-n selection. Here a block
+    of rows at a time is hashed in place with one scratch buffer, the same operations in
+    the same order on the same int64 values, so the words are identical.
+    ``states`` (...) in [0, 2**32), ``keys`` (T,) in [0, 2**32).
+    """
+    width = keys.shape[-1]
+    out = torch.empty((*states.shape, width), dtype=torch.int64, device=states.device)
+    rows = out.view(-1, width)
+    flat = states.reshape(-1, 1).to(torch.int64)
+    step = max(1, _HASH_BLOCK_ELEMENTS // max(width, 1))
+    scratch = torch.empty((min(step, rows.shape[0]), width), dtype=torch.int64,
+                          device=states.device)
+    for a in range(0, rows.shape[0], step):
+        x = rows[a : a + step]
+        tmp = scratch[: x.shape[0]]
+        torch.bitwise_xor(flat[a : a + step], keys, out=x)
+        x &= _M32
+        for shift, factor in ((16, _C1), (15, _C2), (16, None)):
+            torch.bitwise_right_shift(x, shift, out=tmp)
+            x ^= tmp
+            if factor is not None:
+                x.mul_(factor)
+                x &= _M32
+    return out

@@ -34,7 +34,7 @@ from attngeom.capture import (
     override_attention,
     repeat_kv,
 )
-from attngeom.core.kernels import hash32, hashed_positions
+from attngeom.core.kernels import hash32_rows, hashed_positions
 from attngeom.core.random_control import row_states
 from attngeom.errors import ConfigError
 
@@ -102,7 +102,7 @@ def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
     out = []
     for window in windows:
         state, _ = row_states(int(seed), int(window), int(layer), heads, positions, 1)
-        out.append(hash32(state[0] ^ keys))  # (H, Q, T)
+        out.append(hash32_rows(state[0][..., 0], keys))  # (H, Q, T)
     return torch.stack(out)
 
 
