@@ -237,3 +237,32 @@ def protocol_windows(config, tokenizer, docs: Sequence[str], info, *, n_windows=
         f"document_protocol 'fixed': one window per document, initial token from the "
         f"{record.initial_source}")
     return windows, dataclasses.replace(info, document_protocol=record.to_dict()), policy
+
+
+def check_documents(config, tokenizer) -> None:
+    """Fail in one line, before any model loads, when a run asks more eligible documents
+    than its corpus has: a fixed-protocol run (``document_protocol = "fixed"``) or a
+    context sweep (``probe = "context"``, eligible at its longest length). The corpus is
+    read and tokenised up to the ``n_documents``-th eligible document, as the run will;
+    the ``CorpusError`` names how many the corpus has. Other runs pass untouched."""
+    fixed = getattr(config, "document_protocol", "stream") == "fixed"
+    context = getattr(config, "probe", None) == "context"
+    if not (fixed or context):
+        return
+    from attngeom.capture.loading import inspect_model
+    from attngeom.pipeline.labels import label_of
+
+    if fixed:
+        from attngeom.pipeline.runner import load_windows
+
+        load_windows(config, tokenizer)
+        return
+    from attngeom.pipeline.competition import _documents
+    from attngeom.pipeline.competition_command import _corpus_argument
+
+    docs, name = _documents(_corpus_argument(config.corpus), config.seed)
+    shape = inspect_model(config.model) or {}
+    fixed_windows(docs, tokenizer, max(config.lengths), n_documents=config.n_documents,
+                  seed=config.seed, dataset=name, model_id=config.model_label
+                  or label_of(config.model), config_bos=shape.get("bos_token_id"),
+                  name=name)

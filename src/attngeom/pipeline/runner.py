@@ -426,6 +426,10 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     given_model, given_tok = model_and_tokenizer or (None, None)
     tokenizer = given_tok if given_tok is not None else load_tokenizer(config.model)
     windows, info, policy = load_windows(config, tokenizer)
+    if getattr(config, "probe", None) == "context":  # its documents, before the model
+        from attngeom.pipeline.documents import check_documents
+
+        check_documents(config, tokenizer)
     needed = config.windows_needed
     if spec.loss and needed is not None and len(windows) < needed:
         raise ConfigError(

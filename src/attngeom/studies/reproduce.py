@@ -173,6 +173,7 @@ def reproduce(study_file, out=None, *, dry_run: bool = False, overwrite: bool = 
     out = Path(out)
     _check_out(out, study, overwrite)
     t0 = time.perf_counter()
+    _check_documents(study, out, overwrite=overwrite, progress=progress)
     done = _run_cells(study, out, overwrite=overwrite, progress=progress)
     tables = _study_tables(study, out, done)
     run_reports = {}
@@ -200,6 +201,28 @@ def _say(progress: bool, text: str) -> None:
         import sys
 
         print(text, file=sys.stderr, flush=True)
+
+
+def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool) -> None:
+    """Every cell that will run and asks a number of documents (the fixed protocol, the
+    context sweep) is checked against its corpus before the first model loads: a study
+    fails in one line at once, not hours in, after the models before it ran. One
+    tokenizer per model, loaded without weights."""
+    from attngeom.capture import load_tokenizer
+    from attngeom.pipeline.documents import check_documents
+
+    tokenizers: dict = {}
+    for cell in study.cells:
+        cfg = cell.config
+        if getattr(cfg, "document_protocol", "stream") != "fixed" \
+                and getattr(cfg, "probe", None) != "context":
+            continue
+        if not overwrite and _finished(out / cell.directory, cell):
+            continue
+        if cfg.model not in tokenizers:
+            _say(progress, f"checking the documents of {cell.name} ...")
+            tokenizers[cfg.model] = load_tokenizer(cfg.model)
+        check_documents(cfg, tokenizers[cfg.model])
 
 
 def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> list[dict]:
