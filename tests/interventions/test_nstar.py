@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngeom.errors import ConfigError
+from attngeom.interventions import nstar as nstar_module
 from attngeom.interventions.nstar import (
     bootstrap_nstar,
     grid_powers,
@@ -115,8 +117,8 @@ def test_record_explains_non_monotone(case):
 @given(st.one_of(monotone_curves(), bumpy_curves()), st.floats(0.0, 0.5))
 def test_at_most_twelve_beyond_the_grid_per_tau(case, tau):
     # the paper's bisection on any curve: at most 12 N beyond the power-of-two grid for
-    # one tau at T <= 1024 (ceil(log2(1024 - 256)) = 10 bisections + 2); interpolation
-    # has no such bound on curves far from a power law (a cliff to 0, a tiny tau)
+    # one tau at T <= 1024 (ceil(log2(1024 - 256)) = 10 bisections + 2); interpolation's
+    # budget guard holds it within 2 of that (test_interpolation_keeps_the_budget)
     length, curve = case
     found = search_nstar(Recorder(curve), [tau], length=length, step="bisect")
     assert found.extra <= 12
@@ -319,3 +321,105 @@ def test_extra_evaluations_on_power_law_curves(length):
     # and bisection, today's rule, is well above it
     assert np.median(slow) >= 13 and np.median(fast) < np.median(slow)
     assert (fast <= slow + 2).all()
+
+
+# --- the budget guard: interpolation within a fixed count of bisection's worst case ---
+
+
+def bisection_bound(curve: dict[int, float], tau: float, length: int, refine: int) -> int:
+    """Bisection's worst case for one tau, from the bracket the power-of-two grid leaves:
+    ceil(log2(h - l)) midpoints, then refine - 1 refinements (h - 1 = l is known)."""
+    grid = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < length]
+    h = min([n for n in grid if curve[n] <= tau], default=length)
+    l = max([n for n in grid if n < h and not curve[n] <= tau], default=0)
+    return math.ceil(math.log2(h - l)) + max(0, refine - 1)
+
+
+@st.composite
+def any_curves(draw, max_length=1100):
+    """Curves with no shape promised: power laws that fall off a cliff to 0 (or to a
+    floor), white noise, random walks, with NaN, inf and negative deltas sprinkled in."""
+    length = draw(st.integers(2, max_length))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    ns = np.arange(1, length, dtype=np.float64)
+    kind = draw(st.sampled_from(["cliff", "noise", "walk"]))
+    if kind == "cliff":
+        cliff = draw(st.integers(1, length))
+        floor = draw(st.sampled_from([0.0, 0.0, 1e-12, -1.0]))
+        y = np.where(ns < cliff, draw(st.floats(0.01, 10.0)) * ns ** -draw(st.floats(0, 2)),
+                     floor)
+    elif kind == "noise":
+        y = rng.uniform(-0.1, 1.0, ns.size) ** draw(st.integers(1, 4))
+    else:
+        y = np.abs(np.cumsum(rng.normal(0, 0.1, ns.size))) / ns ** draw(st.floats(0, 2))
+    odd = rng.random(ns.size) < draw(st.sampled_from([0.0, 0.0, 0.05]))
+    y[odd] = rng.choice([math.nan, math.inf, -1.0], size=int(odd.sum()))
+    return length, dict(zip(range(1, length), y.tolist(), strict=True))
+
+
+def cliff_164() -> dict[int, float]:
+    """The curve hypothesis found before the guard: N^-1/2 up to 64, 0 from 65 on."""
+    return {n: (0.0 if n >= 65 else n ** -0.5) for n in range(1, 164)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_curves(), st.one_of(st.floats(0.0, 0.5), st.sampled_from([0.0, 1e-9, 1e-6])),
+       st.integers(0, 5), st.booleans())
+def test_interpolation_keeps_the_budget(case, tau, refine, endpoint):
+    # one tau on any curve: bisection stays within its worst case from the bracket after
+    # the grid, interpolation within 2 of it (GAMBLE, the price of one missed pair), and
+    # with GAMBLE = 0 within it exactly
+    length, curve = case
+    args = {"length": length, "refine": refine, "endpoint": endpoint}
+    found = {step: search_nstar(Recorder(curve), [tau], step=step, **args) for step in STEPS}
+    if not endpoint and not any(curve[n] <= tau for n in grid_powers(length)):
+        assert found["interpolate"].extra == found["bisect"].extra == 0
+        return
+    bound = bisection_bound(curve, tau, length, refine)
+    assert found["bisect"].extra <= bound
+    assert found["interpolate"].extra <= bound + 2
+    with mock.patch.object(nstar_module, "GAMBLE", 0):
+        strict = search_nstar(Recorder(curve), [tau], **args)
+    assert strict.extra <= bound
+    for step, result in [*found.items(), ("strict", strict)]:
+        # the guard changes which N are tried, never what a result means
+        tried = result.evaluations
+        assert result.nstar[tau] == min([n for n, d in tried.items() if d <= tau],
+                                        default=length if endpoint else None), step
+
+
+def test_the_cliff_hypothesis_found_keeps_the_budget():
+    # length 164, nothing on the grid below 128 passes a tiny tau: bracket (64, 128),
+    # bisection's worst case 6 midpoints + 2 refinements = 8; interpolation extrapolated
+    # from 32 and 64 to the top of the bracket at every step and took 19 before the guard
+    curve, tau = cliff_164(), 1e-6
+    assert bisection_bound(curve, tau, 164, 3) == 8
+    rec = Recorder(curve)
+    bisected = search_nstar(rec, [tau], length=164, step="bisect")
+    assert rec.calls[1:] == [[96], [80], [72], [68], [66], [65], [62], [63]]
+    assert bisected.nstar == {tau: 65} and bisected.extra == 8
+    found = search_nstar(Recorder(curve), [tau], length=164)
+    assert found.nstar == {tau: 65} and found.extra <= 8 + 2
+    with mock.patch.object(nstar_module, "GAMBLE", 0):
+        rec = Recorder(curve)
+        strict = search_nstar(rec, [tau], length=164)
+    # no room to gamble on a power-of-two bracket: the midpoints exactly
+    assert strict.nstar == {tau: 65}
+    assert rec.calls[1:] == [[96], [80], [72], [68], [66], [65], [62], [63]]
+
+
+def test_the_guard_drives_search_rounds_the_same_way():
+    # the generator protocol is unchanged: yield Ns, receive deltas, return the search
+    curve, tau = cliff_164(), 1e-6
+    steps = search_rounds([tau], length=164)
+    ns, rounds = next(steps), 1
+    while True:
+        try:
+            ns = steps.send([curve[n] for n in ns])
+            rounds += 1
+        except StopIteration as done:
+            result = done.value
+            break
+    direct = search_nstar(Recorder(curve), [tau], length=164)
+    assert result.evaluations == direct.evaluations and result.nstar == direct.nstar
+    assert result.rounds == rounds == direct.rounds

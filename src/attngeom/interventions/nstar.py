@@ -35,6 +35,14 @@ not next to the grid (N*, N* - 1 to confirm it, two refinements), which interpol
 reaches when its prediction is right: on an exact power law always (at most 12 for three
 taus), and on smooth near-power-law curves a median of 10 (T = 256) and 11 (T = 1024)
 for three taus, at most 14 (``tests/interventions/test_nstar.py`` measures it).
+Far from a power law (a cliff to 0 and a tiny tau) predictions can miss again and again,
+so a budget guard caps each tau: its narrowing asks at most ``GAMBLE`` (2) Ns more than
+bisection's worst case from its bracket after the grid, and an N is asked only where
+bisection could still close whatever bracket it leaves within that budget (else the N
+nearest the prediction that can, the midpoint at the last): at most ceil(log2(h - l))
++ 2 + ``refine - 1`` per tau on any curve. ``GAMBLE = 0`` would give bisection's own
+bound, but a power-of-two bracket then admits only its midpoint: interpolation would be
+bisection.
 """
 
 from __future__ import annotations
@@ -187,6 +195,32 @@ def _narrow(known: Mapping[int, float], tau: float, low: int, high: int, step: s
     return [guess] if first or guess - 1 <= low else [guess, guess - 1]
 
 
+def _halvings(gap: int) -> int:
+    """ceil(log2(gap)) for gap >= 1: the midpoints bisection needs to close (l, l + gap)."""
+    return (int(gap) - 1).bit_length()
+
+
+# Ns a tau's interpolation may spend beyond bisection's worst case (ITP's n0): with
+# none, a power-of-two bracket (every grid bracket but the endpoint's) admits only the
+# midpoint, and interpolation would be bisection; two pays for one missed prediction pair
+GAMBLE = 2
+
+
+def _guarded(low: int, high: int, ns: list[int], spare: int) -> list[int]:
+    """``ns`` if bisection could still close whatever bracket they leave within
+    ``spare`` Ns after them, else the one N nearest ``ns[0]`` that keeps it so (the
+    midpoint where nothing does): the Ns a tau may ask without its total passing its
+    budget, whatever the curve."""
+    cuts = [low, *sorted(ns), high]
+    if len(ns) + _halvings(max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True))) \
+            <= spare:
+        return ns
+    if _halvings(high - low) > spare:  # another tau's N reopened the bracket
+        return [(low + high) // 2]
+    reach = 1 << (spare - 1)  # both pieces at most this wide: spare - 1 midpoints close them
+    return [min(max(ns[0], high - reach, low + 1), low + reach, high - 1)]
+
+
 def _check(taus: Sequence[float], length: int, grid_max: int, refine: int) -> list[float]:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
         raise ConfigError(f"length: expected a positive integer, got {length!r}")
@@ -269,6 +303,14 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
     for tau in taus:
         passing = [n for n in grid if _passes(known[n], tau)]
         grid_nstar[tau] = min(passing) if passing else top
+    # per tau: how many Ns its narrowing may still ask: bisection's worst case from the
+    # bracket after the grid (the refinement's refine - 1 come on top), plus GAMBLE for
+    # interpolation (bisection never spends the GAMBLE: its midpoints always fit)
+    spare: dict[float, int] = {}
+    for tau in taus:
+        low, high = _bracket(known, tau, top)
+        spare[tau] = 0 if high is None else _halvings(high - low) + (GAMBLE if step ==
+                                                                    "interpolate" else 0)
     # per tau: None (bisecting), or the refinement's base h (then the candidates
     # max(1, h - refine) .. h - 1 are tried upward); result once decided
     base: dict[float, int | None] = dict.fromkeys(taus)
@@ -291,8 +333,11 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
                 if high - low > 1:
                     if tau in width:  # did the last step at least halve the bracket?
                         slow[tau] = 0 if 2 * (high - low) <= width[tau] + 1 else slow[tau] + 1
-                    asked.extend(_narrow(known, tau, low, high, step, slow.get(tau, 0),
-                                         tau not in width))
+                    ns = _guarded(low, high, _narrow(known, tau, low, high, step,
+                                                     slow.get(tau, 0), tau not in width),
+                                  spare[tau])
+                    spare[tau] -= len(ns)
+                    asked.extend(ns)
                     width[tau] = high - low
                     continue
                 base[tau] = high
