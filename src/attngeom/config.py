@@ -34,6 +34,7 @@ from attngeom.names import (
     ANALYSIS_NEEDS,
     DISTANCES,
     DTYPES,
+    QUANTIZATIONS,
     RANDOM_CONTROL,
     RANKER_REGIMES,
     RANKERS,
@@ -52,12 +53,14 @@ __all__ = [
 ]
 
 
-def option(default=MISSING, *, help: str, factory=None, fingerprint: bool = True,
+def option(default=MISSING, *, help: str, factory=None, fingerprint: bool | str = True,
            metavar: str | None = None, cli: bool = True):
     """A configuration field with its help text (shown by ``--help`` with the default).
 
     ``fingerprint=False`` marks fields that change how a run is computed but not its
     numbers (device, batch sizes), which a resumed or repeated run may change.
+    ``fingerprint="unless_default"``: a field added after runs were made, which enters
+    the fingerprint only when it differs from its default, so those runs keep theirs.
     """
     meta = {"help": help, "fingerprint": fingerprint, "metavar": metavar, "cli": cli}
     if factory is not None:
@@ -149,6 +152,10 @@ class RunConfig:
     seed: int = option(0, help="seed of the random control, bootstrap and seeded rankers")
     device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
     dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
+    quantization: str = option(
+        "none", help="weights through bitsandbytes on a CUDA GPU: 8bit (LLM.int8, outlier "
+        "threshold 6.0, as the follow-up ran Mistral-Small-24B), 4bit (nf4) or none; "
+        "activations and attention stay in --dtype", fingerprint="unless_default")
     batch_size: int = option(4, help="windows per forward pass", fingerprint=False)
     device_map: str | None = option(
         None, help="'auto': spread a model too large for one GPU over the GPUs of this "
@@ -194,6 +201,7 @@ class RunConfig:
                               "windows; drop windows_per_document and sample_documents")
         s(self, "batch_size", v.integer("batch_size", self.batch_size, low=1))
         v.one_of("dtype", self.dtype, DTYPES)
+        v.one_of("quantization", self.quantization, QUANTIZATIONS)
         v.text("device", self.device)
         v.text("text_column", self.text_column)
         v.text("separator", self.separator, optional=True)
@@ -224,7 +232,8 @@ class RunConfig:
         """What identifies the run's results (the device and batch sizes do not)."""
         d = self.to_dict()
         for f in fields(self):
-            if not f.metadata.get("fingerprint", True):
+            keep = f.metadata.get("fingerprint", True)
+            if not keep or (keep == "unless_default" and d.get(f.name) == f.default):
                 d.pop(f.name, None)
         return d
 

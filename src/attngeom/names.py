@@ -74,4 +74,6 @@ RESTRICT_SCOPES = ("model", "layer", "head")
 
 # --- windows and models
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+# bitsandbytes weights: LLM.int8 (the follow-up's Mistral-Small-24B) or nf4; none: as stored
+QUANTIZATIONS = ("none", "8bit", "4bit")
 DOC_BOUNDARIES = ("auto", "bos", "eos", "sep", "none")

@@ -33,6 +33,9 @@ def test_the_full_study_names_the_papers_protocol():
         cfg = cell.config
         assert cfg.document_protocol == "fixed" and cfg.seed == 2027
         assert cfg.window_length == 1024
+        # Mistral-Small-24B as the paper ran it: LLM.int8 weights computing in bf16
+        assert (cfg.quantization, cfg.dtype) == (
+            ("8bit", "bfloat16") if cell.model == "mistral-small-24b" else ("none", "bfloat16"))
         if cell.command == "restrict":
             assert cfg.n_documents == cfg.n_eval_windows == 50
             assert set(cfg.rankings) == {"attention", "contribution", "random"}

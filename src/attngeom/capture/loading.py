@@ -6,6 +6,10 @@ bidirectional universe) through ``AutoModel``; both in eval mode. A ``.gguf`` fi
 transformers' own GGUF reader, dequantised to the requested dtype (float32 by
 default); its tokenizer conversion takes seconds, so the converted tokenizer is
 cached (``cache_dir()``, keyed by the file's path, size and modification time).
+``quantization="8bit"`` / ``"4bit"`` loads the weights through bitsandbytes
+(LLM.int8 with outlier threshold 6.0, or nf4 computing in the requested dtype), placed
+on one CUDA device by ``device_map``; what it needs (bitsandbytes, a CUDA GPU, a
+non-GGUF source) is checked before any weights are read.
 Any failure becomes one ``ModelError`` line naming the model, never a transformers
 traceback; a local-looking path that does not exist fails before transformers is
 asked at all, so no hub retries can hang on it.
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 from attngeom.errors import ConfigError, ModelError
+from attngeom.names import QUANTIZATIONS
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -242,6 +247,48 @@ def _bos_id(config, text) -> int | None:
     return None
 
 
+LLM_INT8_THRESHOLD = 6.0  # LLM.int8's outlier threshold, as the follow-up ran it
+
+
+def resolve_quantization(quantization: str) -> str:
+    """``"none"``, ``"8bit"`` or ``"4bit"``; ``ConfigError`` otherwise."""
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"expected quantization in {list(QUANTIZATIONS)}, "
+                          f"got {quantization!r}")
+    return quantization
+
+
+def _quantization_config(transformers, src: ModelSource, quantization: str,
+                         torch_dtype: torch.dtype, device, device_map):
+    """The ``BitsAndBytesConfig`` of an 8-bit or 4-bit load, after checking what it
+    needs, so a load that cannot work fails before a single weight is read."""
+    what = f"cannot load model {src.name!r} in {quantization}"
+    if src.gguf_file:
+        raise ModelError(f"{what}: a GGUF file is already quantised (it loads dequantised "
+                         "to the dtype); use quantization none")
+    if device_map is None:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ModelError(f"{what}: unknown device {str(device)!r}") from None
+        if kind != "cuda":
+            raise ModelError(f"{what}: bitsandbytes 8-bit/4-bit weights need a CUDA GPU, "
+                             f"got device {str(device)!r}")
+    if not torch.cuda.is_available():
+        raise ModelError(f"{what}: bitsandbytes 8-bit/4-bit weights need a CUDA GPU, and "
+                         "torch sees none")
+    try:
+        import bitsandbytes  # noqa: F401  (imported only to know that it is there)
+    except ImportError:
+        raise ModelError(f"quantization {quantization} needs bitsandbytes: "
+                         "pip install bitsandbytes") from None
+    if quantization == "8bit":
+        return transformers.BitsAndBytesConfig(load_in_8bit=True,
+                                               llm_int8_threshold=LLM_INT8_THRESHOLD)
+    return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                           bnb_4bit_compute_dtype=torch_dtype)
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -249,7 +296,8 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = None,
     tokenizer=None,
-    device_map: str | None = None,
+    device_map: str | dict | None = None,
+    quantization: str = "none",
 ):
     """Load ``(model, tokenizer)``, the model in eval mode on ``device`` in ``dtype``.
 
@@ -257,7 +305,10 @@ def load_model(
     supports it, eager otherwise); capture works with either. ``tokenizer``: one
     already loaded (``load_tokenizer``), else it is loaded here. ``device_map="auto"``
     spreads a model too large for one device over the GPUs of the machine (transformers
-    with accelerate places the layers; ``device`` is then ignored). Raises
+    with accelerate places the layers; ``device`` is then ignored). ``quantization``:
+    ``"8bit"`` (bitsandbytes LLM.int8, outlier threshold 6.0) or ``"4bit"`` (nf4,
+    computing in ``dtype``) on a CUDA ``device`` (placed there by ``device_map``, as a
+    bitsandbytes model cannot be moved), or ``"none"``. Raises
     ``ModelError`` (one line) when the path or hub id cannot be loaded, e.g. a
     missing directory, or a hub id not in the local cache with ``HF_HUB_OFFLINE=1``.
 
@@ -267,9 +318,18 @@ def load_model(
     ('LlamaForCausalLM', '<s>')
     """
     torch_dtype = resolve_dtype(dtype)
+    quantization = resolve_quantization(quantization)
     src = resolve_source(name_or_path)
     import transformers
 
+    quantized = quantization != "none"
+    if quantized:
+        bnb = _quantization_config(transformers, src, quantization, torch_dtype, device,
+                                   device_map)
+        if device_map is None:  # the whole model on the one GPU asked for
+            place = torch.device(device)
+            device_map = {"": str(place) if place.index is not None
+                          else f"cuda:{torch.cuda.current_device()}"}
     try:
         config = transformers.AutoConfig.from_pretrained(src.source, **src.kwargs())
         cls = (
@@ -282,6 +342,8 @@ def load_model(
             kwargs["attn_implementation"] = attn_implementation
         if device_map is not None:
             kwargs["device_map"] = device_map
+        if quantized:
+            kwargs["quantization_config"] = bnb
         with _quiet_loading(transformers, gguf=bool(src.gguf_file)):
             model = cls.from_pretrained(src.source, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:

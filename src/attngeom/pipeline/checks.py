@@ -34,14 +34,14 @@ class CheckResult:
 
 
 def run_checks(model: str | None = None, *, device: str = "cpu",
-               dtype: str = "float32") -> CheckResult:
+               dtype: str = "float32", quantization: str = "none") -> CheckResult:
     """Load ``model`` (default: the bundled stories260K) and run every self-check."""
     from attngeom.assets import DEFAULT_MODEL, asset
     from attngeom.capture import check_model, load_model
     from attngeom.interventions.gates import check_gates
 
     name = model or asset(DEFAULT_MODEL, "--model")
-    m, tok = load_model(name, device=device, dtype=dtype)
+    m, tok = load_model(name, device=device, dtype=dtype, quantization=quantization)
     rep = check_model(m, tok)
     gates = check_gates(m)
     tol = rep.tolerance

@@ -448,7 +448,8 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
         say(talk, f"loading {label_of(config.model)} ({config.dtype}, {config.device}) ...")
         model, tokenizer = load_model(config.model, device=dist.device(config.device),
                                       dtype=config.dtype, tokenizer=tokenizer,
-                                      device_map=config.device_map)
+                                      device_map=config.device_map,
+                                      quantization=config.quantization)
     else:
         model = given_model
     layout = model_layout(model)

@@ -169,7 +169,8 @@ _ALL = (
            40, 32, 8, 128, 5120, 131072, 32768, True,
            "Mistral Small 3 base (the follow-up's ninth checkpoint, run there with 8-bit "
            "bitsandbytes weights, outlier threshold 6.0, bf16 compute): grouped-query "
-           f"attention, no sliding window; attngeom loads it in the dtype given; {_MISTRAL}."),
+           "attention, no sliding window; attngeom loads it in 8-bit with quantization = "
+           f"\"8bit\" (bitsandbytes, a CUDA GPU), else in the dtype given; {_MISTRAL}."),
     Preset("qwen-2.5-1.5b", "Qwen/Qwen2.5-1.5B", "bfloat16", 1.54, 28, 12, 2, 128, 1536,
            151936, 131072, False,
            "Qwen 2.5: grouped-query attention (6 query heads per kv head), biases on q/k/v, "

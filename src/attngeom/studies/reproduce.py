@@ -242,7 +242,7 @@ def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> l
             done.append(rec)
             continue
         cfg = cell.config
-        key = (cfg.model, cfg.dtype, cfg.device, cfg.device_map)
+        key = (cfg.model, cfg.dtype, cfg.device, cfg.device_map, cfg.quantization)
         if key != loaded_key:
             loaded = None  # free the previous model before the next one loads
             _say(progress, f"{head}: loading model {cell.model} ({cfg.dtype}, "
@@ -263,7 +263,7 @@ def _load(cfg, dist):
     from attngeom.capture import load_model
 
     return load_model(cfg.model, device=dist.device(cfg.device), dtype=cfg.dtype,
-                      device_map=cfg.device_map)
+                      device_map=cfg.device_map, quantization=cfg.quantization)
 
 
 # --------------------------------------------------------------------------- tables
