@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attngeom.errors import ConfigError
+from attngeom.pipeline.documents import probe_documents
 from attngeom.pipeline.qa_probe import Selection
 
 PROBES = ("qa", "context")
@@ -32,19 +33,6 @@ def _model(model, tokenizer):
     if tokenizer is None:
         raise ConfigError("expected a tokenizer with a loaded model (tokenizer=...)")
     return model, tokenizer, type(model).__name__
-
-
-def _documents(corpus: str | None, seed: int):
-    from attngeom.pipeline.corpus import WIKITEXT_ARTICLES, read_documents
-
-    if corpus is None:
-        from attngeom.assets import asset
-
-        corpus = asset("wikitext-2-test", "--corpus")
-        docs, info = read_documents(corpus, separator=WIKITEXT_ARTICLES)
-        return docs, "wikitext-2-test"
-    docs, info = read_documents(corpus)
-    return docs, info.name
 
 
 def _settings(**values) -> object:
@@ -88,7 +76,7 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
                    nstar=nstar, n_boot=n_boot, progress=progress)
     from attngeom.pipeline.context_sweep import context_sweep, sweep_windows
 
-    docs, corpus_name = _documents(corpus, seed)
+    docs, corpus_name = probe_documents(corpus)
     windows, record = sweep_windows(docs, tokenizer, lengths, n_documents=n_documents,
                                     seed=seed, dataset=corpus_name, model_id=name,
                                     config_bos=getattr(model.config, "bos_token_id", None),
@@ -130,7 +118,7 @@ def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds
         episodes = qa.generate_episodes(n_episodes, facts=facts, seed=seed)
         sentences, corpus_name = [], "none"
         if any(b > 0 for b in backgrounds):
-            docs, corpus_name = _documents(corpus, seed)
+            docs, corpus_name = probe_documents(corpus)
             sentences = qa.background_sentences(docs)
         examples = {int(b): qa.build_examples(episodes, tokenizer, int(b), sentences=sentences,
                                               prompt_format=prompt_format, seed=seed,

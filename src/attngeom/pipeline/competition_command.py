@@ -12,23 +12,10 @@ probe used (the prompt format chosen by ``auto``, the candidate scoring rule, ..
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from attngeom.errors import ConfigError
+from attngeom.pipeline.documents import probe_corpus
 from attngeom.pipeline.progress import say
 from attngeom.pipeline.runner import Command, RunContext
-
-
-def _corpus_argument(corpus: str) -> str | None:
-    """``None`` (WikiText-2's test articles, ``competition``'s default) for the bundled
-    asset, else the corpus path."""
-    from attngeom.assets import asset
-
-    try:
-        bundled = Path(asset("wikitext-2-test", "--corpus")).resolve()
-    except ConfigError:
-        return corpus
-    return None if Path(corpus).expanduser().resolve() == bundled else corpus
 
 
 def selections(cfg) -> tuple:
@@ -54,7 +41,7 @@ class Competition(Command):
         taus = cfg.effective_taus
         frames = competition(
             ctx.model, cfg.probe, tokenizer=ctx.tokenizer,
-            corpus=_corpus_argument(cfg.corpus), model_name=ctx.model_label, seed=cfg.seed,
+            corpus=probe_corpus(cfg.corpus), model_name=ctx.model_label, seed=cfg.seed,
             selections=selections(cfg), backgrounds=cfg.backgrounds,
             n_episodes=cfg.n_episodes, facts=tuple(cfg.facts),
             prompt_format=cfg.prompt_format, babilong=cfg.babilong,

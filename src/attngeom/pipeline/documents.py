@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -239,28 +240,59 @@ def protocol_windows(config, tokenizer, docs: Sequence[str], info, *, n_windows=
     return windows, dataclasses.replace(info, document_protocol=record.to_dict()), policy
 
 
+def config_documents(config):
+    """``(documents, CorpusInfo)`` of a run's corpus, read with the run's options."""
+    from attngeom.pipeline.corpus import read_documents
+
+    return read_documents(config.corpus, text_column=config.text_column,
+                          separator=config.separator, sample=config.sample_documents,
+                          seed=config.seed)
+
+
+def probe_documents(corpus: str | None) -> tuple[list[str], str]:
+    """The competition probes' documents and corpus label: WikiText-2's test articles
+    (the bundled asset, split at article headings) for ``None``, else the corpus as
+    ``read_documents`` reads it."""
+    from attngeom.pipeline.corpus import WIKITEXT_ARTICLES, read_documents
+
+    if corpus is None:
+        from attngeom.assets import asset
+
+        corpus = asset("wikitext-2-test", "--corpus")
+        docs, _ = read_documents(corpus, separator=WIKITEXT_ARTICLES)
+        return docs, "wikitext-2-test"
+    docs, info = read_documents(corpus)
+    return docs, info.name
+
+
+def probe_corpus(corpus: str) -> str | None:
+    """``None`` (the probes' default, WikiText-2's test articles) for the bundled asset,
+    else the corpus path."""
+    from attngeom.assets import asset
+
+    try:
+        bundled = Path(asset("wikitext-2-test", "--corpus")).resolve()
+    except ConfigError:
+        return corpus
+    return None if Path(corpus).expanduser().resolve() == bundled else corpus
+
+
 def check_documents(config, tokenizer) -> None:
     """Fail in one line, before any model loads, when a run asks more eligible documents
     than its corpus has: a fixed-protocol run (``document_protocol = "fixed"``) or a
     context sweep (``probe = "context"``, eligible at its longest length). The corpus is
     read and tokenised up to the ``n_documents``-th eligible document, as the run will;
     the ``CorpusError`` names how many the corpus has. Other runs pass untouched."""
-    fixed = getattr(config, "document_protocol", "stream") == "fixed"
-    context = getattr(config, "probe", None) == "context"
-    if not (fixed or context):
+    if getattr(config, "document_protocol", "stream") == "fixed":
+        docs, info = config_documents(config)
+        protocol_windows(config, tokenizer, docs, info)
+        return
+    if getattr(config, "probe", None) != "context":
         return
     from attngeom.capture.loading import inspect_model
     from attngeom.pipeline.labels import label_of
 
-    if fixed:
-        from attngeom.pipeline.runner import load_windows
-
-        load_windows(config, tokenizer)
-        return
-    from attngeom.pipeline.competition import _documents
-    from attngeom.pipeline.competition_command import _corpus_argument
-
-    docs, name = _documents(_corpus_argument(config.corpus), config.seed)
+    docs, name = probe_documents(probe_corpus(config.corpus))
     shape = inspect_model(config.model) or {}
     fixed_windows(docs, tokenizer, max(config.lengths), n_documents=config.n_documents,
                   seed=config.seed, dataset=name, model_id=config.model_label

@@ -298,14 +298,11 @@ def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
     Returns ``(windows, corpus_info, policy)``; ``policy`` is the document-boundary
     policy (method §10) the windows follow.
     """
-    from attngeom.pipeline.corpus import read_documents
+    from attngeom.pipeline.documents import config_documents
     from attngeom.pipeline.windows import boundary_policy, document_windows, make_windows
 
     policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
-    docs, info = read_documents(
-        config.corpus, text_column=config.text_column, separator=config.separator,
-        sample=config.sample_documents, seed=config.seed,
-    )
+    docs, info = config_documents(config)
     if getattr(config, "document_protocol", "stream") == "fixed":
         from attngeom.pipeline.documents import protocol_windows
 
