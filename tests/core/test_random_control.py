@@ -476,3 +476,28 @@ def test_row_hash_is_the_elementwise_hash(rows, width, shape):
     got = hash32_rows(states, keys)
     assert got.dtype == torch.int64 and got.shape == expected.shape
     assert torch.equal(got, expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=300),
+       width=st.integers(1, 700), data=st.data())
+def test_row_hash_limits_write_each_rows_prefix_exactly(rows, width, data):
+    """With ``limit``, every row's first ``limit`` words are hash32's; the rest are
+    left as they were (a block hashes up to its largest limit, never past it)."""
+    from attngeom.core.kernels import hash32, hash32_rows, hashed_positions
+
+    keys = hashed_positions(torch.arange(width, dtype=torch.int64))
+    states = torch.tensor(rows, dtype=torch.int64)
+    limit = torch.tensor(data.draw(st.lists(st.integers(0, width + 3), min_size=len(rows),
+                                            max_size=len(rows))))
+    out = torch.full((len(rows), width), -7, dtype=torch.int64)
+    hash32_rows(states, keys, out=out, limit=limit)
+    expected = hash32(states[:, None] ^ keys)
+    cols = torch.arange(width)
+    inside = cols[None, :] < limit[:, None]
+    assert torch.equal(out[inside], expected[inside])
+    # nothing past a row's block maximum is written
+    block = max(1, (1 << 16) // width)
+    for a in range(0, len(rows), block):
+        top = int(limit[a : a + block].clamp(max=width).max())
+        assert bool((out[a : a + block, top:] == -7).all())

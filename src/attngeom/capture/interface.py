@@ -158,44 +158,50 @@ class AttentionCall:
         zero = torch.zeros((), dtype=self.query.dtype, device=vis.device)
         return torch.where(vis, zero, _min_value(self.query.dtype))
 
-    def eager(self, rows: torch.Tensor | None = None) -> AttentionOutput:
+    def eager(self, rows: torch.Tensor | None = None, *,
+              output: bool = True) -> AttentionOutput:
         """The family's own eager attention on query ``rows`` (all when ``None``).
 
         Returns ``(output (B, Q', H, d), probabilities (B, H, Q', T))``. Slicing
         queries and mask rows together gives the same rows the full eager call
-        gives (method §11).
+        gives (method §11). ``output=False``: the probabilities only, the function run
+        on zero-width values (its probabilities @ values product costs nothing; the
+        returned output is then (B, Q', H, 0)) for callers that recompute the output
+        from modified probabilities.
         """
         function = family_eager_function(self.module)
         index = _rows_index(rows, self.query.device)
         query = self.query if index is None else self.query.index_select(2, index)
         kwargs = {k: v for k, v in self.kwargs.items() if k != "is_causal"}
+        value = self.value if output else self.value[..., :0]
         return function(
-            self.module, query, self.key, self.value, self.additive_mask(rows), **kwargs
+            self.module, query, self.key, value, self.additive_mask(rows), **kwargs
         )
 
     def eager_float32(
-        self, rows: torch.Tensor | None = None
+        self, rows: torch.Tensor | None = None, *, output: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``eager(rows)`` plus its probabilities in float32 before any rounding (method §10).
 
         Returns ``(output, weights, probabilities)``: the first two exactly what
-        ``eager`` returns, the last (B, H, Q', T) float32. A bf16 or fp16 model computes
-        its softmax in float32 and rounds the probabilities to its dtype (then they tie
-        often and the tie rule would pick the selected set), or computes it in its own
-        dtype (GPT-2, BERT); either way the probabilities here are the float32 softmax
-        of the very scores the family's eager function built (scaling, softcapping and
+        ``eager`` returns (``output=False`` as there), the last (B, H, Q', T) float32.
+        A bf16 or fp16 model computes its softmax in float32 and rounds the
+        probabilities to its dtype (then they tie often and the tie rule would pick the
+        selected set), or computes it in its own dtype (GPT-2, BERT); either way the
+        probabilities here are the float32 softmax of the very scores the family's
+        eager function built (scaling, softcapping and
         mask included), recorded as that function calls softmax.
         """
         if self.query.dtype in (torch.float32, torch.float64):
-            output, weights = self.eager(rows)
-            return output, weights, weights.to(torch.float32)
+            out, weights = self.eager(rows, output=output)
+            return out, weights, weights.to(torch.float32)
         recorder = SoftmaxRecorder()
         with recorder:
-            output, weights = self.eager(rows)
+            out, weights = self.eager(rows, output=output)
         probs = recorder.last
         if probs is None or weights is None or probs.shape != weights.shape:
             probs = weights.to(torch.float32)  # not a plain softmax: keep what it returned
-        return output, weights, probs
+        return out, weights, probs
 
     @property
     def nested(self) -> bool:

@@ -490,7 +490,8 @@ def hashed_positions(keys: Tensor) -> Tensor:
 _HASH_BLOCK_ELEMENTS = 1 << 16
 
 
-def hash32_rows(states: Tensor, keys: Tensor) -> Tensor:
+def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
+                limit: Tensor | None = None) -> Tensor:
     """``hash32(states[..., None] ^ keys)`` as a new (..., T) int64 tensor, bit for bit.
 
     The restriction's random ranking hashes every (row, key) pair of every layer:
@@ -498,19 +499,35 @@ def hash32_rows(states: Tensor, keys: Tensor) -> Tensor:
     eleven operations and cost seven times the ranking's top-n selection. Here a block
     of rows at a time is hashed in place with one scratch buffer, the same operations in
     the same order on the same int64 values, so the words are identical.
-    ``states`` (...) in [0, 2**32), ``keys`` (T,) in [0, 2**32).
+    ``states`` (...) in [0, 2**32), ``keys`` (T,) in [0, 2**32); ``out``: a contiguous
+    int64 tensor of the result's shape to write into (reused buffers skip the page
+    faults of a fresh one). ``limit`` (broadcastable to ``states``): each row needs only
+    its first ``limit`` words (a causal row's visible keys); a block of rows then hashes
+    the columns below its largest limit and leaves the rest of ``out`` unwritten, for a
+    caller that masks them.
     """
     width = keys.shape[-1]
-    out = torch.empty((*states.shape, width), dtype=torch.int64, device=states.device)
+    shape = (*states.shape, width)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.int64, device=states.device)
+    elif out.shape != shape or out.dtype != torch.int64 or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous int64 tensor of shape {shape}")
     rows = out.view(-1, width)
     flat = states.reshape(-1, 1).to(torch.int64)
+    reach = None
+    if limit is not None:
+        reach = torch.broadcast_to(limit, states.shape).reshape(-1).clamp(0, width).tolist()
     step = max(1, _HASH_BLOCK_ELEMENTS // max(width, 1))
-    scratch = torch.empty((min(step, rows.shape[0]), width), dtype=torch.int64,
+    scratch = torch.empty(min(step, rows.shape[0]) * width, dtype=torch.int64,
                           device=states.device)
     for a in range(0, rows.shape[0], step):
-        x = rows[a : a + step]
-        tmp = scratch[: x.shape[0]]
-        torch.bitwise_xor(flat[a : a + step], keys, out=x)
+        b = min(a + step, rows.shape[0])
+        cols = width if reach is None else max(reach[a:b])
+        if cols == 0:
+            continue
+        x = rows[a:b, :cols]
+        tmp = scratch[: (b - a) * cols].view(b - a, cols)
+        torch.bitwise_xor(flat[a:b], keys[:cols], out=x)
         x &= _M32
         for shift, factor in ((16, _C1), (15, _C2), (16, None)):
             torch.bitwise_right_shift(x, shift, out=tmp)

@@ -41,7 +41,8 @@ from attngeom.errors import ConfigError
 RANKINGS = ("attention", "contribution", "random")
 
 
-def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tensor:
+def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
+              masked: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean (…, T) mask of the n largest visible entries of each row.
 
     Ties go to the smaller position, as a stable descending sort orders them: every
@@ -50,26 +51,23 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tenso
     value (a full sort of every row cost a quarter of a restricted forward); only rows
     where equal values straddle the n-th place pay for a cumulative count. Invisible
     keys are never kept; a row with at most n visible keys keeps all of them.
+    ``masked``: ``probs`` already holds -1 at every invisible key (the restriction's
+    own score buffer), so no masked copy is made; ``out``: a bool buffer for the mask.
     """
     if n >= probs.shape[-1]:
         return visible.expand_as(probs).clone()
     # scores are >= 0 (probabilities, contributions, hash words); invisible keys get -1
     # and the n-th value is clamped at 0, so they are never kept, and a row with at most
     # n visible keys (whose n-th value is -1 or its smallest) keeps exactly those
-    score = probs.masked_fill(~visible, -1)
-    if n + 1 <= probs.shape[-1]:
-        # the n-th and (n+1)-th values: equal (and visible) only where a tie straddles
-        # the n-th place, the rows that need the count (no pass over every row for it)
-        top = score.topk(n + 1, dim=-1, sorted=True).values
-        kth, after = top[..., n - 1 : n], top[..., n : n + 1]
-        crowded = ((after == kth) & (kth >= 0))[..., 0]
-    else:
-        kth = score.topk(n, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-        crowded = None
+    score = probs if masked else probs.masked_fill(~visible, -1)
+    # the n-th and (n+1)-th values: equal (and visible) only where a tie straddles the
+    # n-th place, the rows that need the count (no pass over every row for it); an
+    # unsorted topk and a sort of its n + 1 values cost less than a sorted topk
+    top = score.topk(n + 1, dim=-1, sorted=False).values.sort(dim=-1, descending=True).values
+    kth, after = top[..., n - 1 : n], top[..., n : n + 1]
+    crowded = ((after == kth) & (kth >= 0))[..., 0]
     kth = kth.clamp_min(0)
-    keep = score >= kth
-    if crowded is None:
-        crowded = keep.sum(-1) > n
+    keep = torch.ge(score, kth, out=out) if out is not None else score >= kth
     if bool(crowded.any()):
         s, k = score[crowded], kth[crowded]
         tie = s == k
@@ -86,7 +84,9 @@ def contribution_scores(probs: torch.Tensor, values: torch.Tensor) -> torch.Tens
 
 
 def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
-                  num_queries: int, num_keys: int, device) -> torch.Tensor:
+                  num_queries: int, num_keys: int, device,
+                  out: torch.Tensor | None = None,
+                  limit: torch.Tensor | None = None) -> torch.Tensor:
     """(B, H, Q, T) int64 in [0, 2**32): the random ranking's key order, one hash per
     (seed, window, layer, head, query position, key position).
 
@@ -94,16 +94,22 @@ def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
     causal mask reads them). The row's state is ``core.random_control.row_states``'s
     first chain (the geometry control's coordinates) and each key's score the lowbias32
     hash of the state with the key's hashed position; sorting a row by it is a uniformly
-    random permutation whose first n are the kept set.
+    random permutation whose first n are the kept set. ``out``: a contiguous (B, H, Q,
+    T) int64 buffer to write into. ``limit`` (B, Q): row (b, q) needs only its first
+    ``limit[b, q]`` words (one past its last visible key); the rest of its row is left
+    unwritten, for a caller that masks the invisible keys anyway.
     """
     heads = torch.arange(num_heads, device=device)
     positions = torch.arange(num_queries, device=device) + (num_keys - num_queries)
     keys = hashed_positions(torch.arange(num_keys, dtype=torch.int64, device=device))
-    out = []
-    for window in windows:
+    if out is None:
+        out = torch.empty((len(windows), num_heads, num_queries, num_keys),
+                          dtype=torch.int64, device=device)
+    for b, window in enumerate(windows):
         state, _ = row_states(int(seed), int(window), int(layer), heads, positions, 1)
-        out.append(hash32_rows(state[0][..., 0], keys))  # (H, Q, T)
-    return torch.stack(out)
+        reach = None if limit is None else limit[b][None, :]
+        hash32_rows(state[0][..., 0], keys, out=out[b], limit=reach)  # (H, Q, T)
+    return out
 
 
 def restrict_probabilities(
@@ -113,18 +119,60 @@ def restrict_probabilities(
     """Zero all but the top-n visible probabilities per row; optionally renormalise.
 
     ``probs`` (B, H, Q, T), ``visible`` broadcastable to it. The kept entries are the
-    n of highest ``scores`` (same shape; default the probabilities themselves). Rows
-    where nothing was dropped are returned unchanged (so n >= |U_t| is exactly the
-    identity on the probabilities); a row with no visible key stays as it was.
+    n of highest ``scores`` (same shape; default the probabilities themselves). A row
+    is restricted only where it loses probability (a visible key outside the kept n
+    with p > 0); every other row is returned unchanged, bit for bit (so n >= |U_t| is
+    exactly the identity, and a row whose dropped keys all had p = 0 is not rescaled
+    by a sum that differs from one only by rounding). A row with no visible key stays
+    as it was. This is the restriction's definition; ``restrict_topn`` computes the
+    same in place on its own buffers.
     """
-    keep = topn_keep(probs if scores is None else scores, visible, n)
-    # a row loses a key exactly when it sees more than n (it keeps min(n, |visible|))
-    dropped = visible.sum(-1, keepdim=True) > n
-    kept = torch.where(keep, probs, 0.0)
+    probs = probs.clone()
+    _restrict_in_place(probs, probs if scores is None else scores, visible, n, renormalize)
+    return probs
+
+
+def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch.Tensor,
+                       n: int, renormalize: bool, *, heads: torch.Tensor | None = None,
+                       masked: bool = False, scratch: _Scratch | None = None,
+                       ) -> torch.Tensor:
+    """Restrict ``probs`` in place (see ``restrict_probabilities``); returns the (B, H,
+    Q, 1) rows that lost probability. ``heads`` (H,) bool: only these heads' rows are
+    restricted. ``masked``: ``scores`` holds -1 at invisible keys already. ``scratch``
+    lends the (B, H, Q, T) bool buffers."""
+    scratch = scratch or _Scratch()
+    shape = probs.shape
+    keep = topn_keep(scores, visible, n, masked=masked,
+                     out=scratch.get("keep", shape, torch.bool, probs.device))
+    # a row loses probability where a visible key it does not keep has p > 0
+    lost = scratch.get("lost", shape, torch.bool, probs.device)
+    torch.gt(probs, 0, out=lost)
+    drop = torch.logical_not(keep, out=keep)
+    lost.logical_and_(drop).logical_and_(visible)
+    rows = lost.any(-1, keepdim=True)
+    if heads is not None:
+        rows &= heads[None, :, None, None]
+    drop.logical_and_(rows)  # only the rows that lose probability change
+    probs.masked_fill_(drop, 0)
     if renormalize:
-        total = kept.sum(-1, keepdim=True)
-        kept = torch.where(total > 0, kept / total.clamp_min(torch.finfo(probs.dtype).tiny), kept)
-    return torch.where(dropped, kept, probs)
+        total = probs.sum(-1, keepdim=True)
+        probs.div_(torch.where(rows & (total > 0), total, torch.ones_like(total)))
+    return rows
+
+
+class _Scratch:
+    """(B, H, Q, T) buffers lent across layers and forwards: on CPU a fresh tensor of
+    that size pays page faults that cost about as much as the pass that fills it."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        key = (name, dtype, torch.device(device))
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != tuple(shape):
+            buf = self.buffers[key] = torch.empty(tuple(shape), dtype=dtype, device=device)
+        return buf
 
 
 def _check_int(value: object, what: str, low: int, high: int | None = None) -> int:
@@ -232,40 +280,56 @@ def restrict_topn(
             "restriction first and capture_attention inside it"
         )
 
+    scratch = _Scratch()
+
     def handler(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         if call.layer not in selection:
             return call.previous()
+        chosen = selection[call.layer]
+        # the model's own output is needed below only where some heads keep it and it
+        # is the eager function's (else ``previous`` gives it): then the eager call
+        # computes it once, otherwise only the probabilities are computed
+        reuse = chosen is not None and call.previous_is_eager and not call.nested
         # top-N chosen on float32 probabilities: a bf16 model's rounded ones tie often
-        eager_out, _, probs = call.eager_float32()
+        eager_out, _, probs = call.eager_float32(output=reuse)
+        if n >= probs.shape[-1]:
+            return call.previous()  # no row can lose a key
         groups = probs.shape[1] // call.value.shape[1]
         values = repeat_kv(call.value, groups)
+        visible = call.visible()
+        shape, device = probs.shape, probs.device
         if ranking == "attention":
-            scores = None
+            scores = torch.where(visible, probs, probs.new_tensor(-1.0),
+                                 out=scratch.get("score", shape, torch.float32, device))
         elif ranking == "contribution":
-            scores = contribution_scores(probs, values)
+            norms = torch.linalg.vector_norm(values.to(torch.float32), dim=-1)
+            scores = torch.mul(probs, norms[:, :, None, :],
+                               out=scratch.get("score", shape, torch.float32, device))
+            scores.masked_fill_(~visible, -1)
         else:
-            scores = random_scores(seed, ids.of(probs.shape[0]), call.layer, probs.shape[1],
-                                   probs.shape[2], probs.shape[3], probs.device)
-        restricted = restrict_probabilities(probs, call.visible(), n, renormalize, scores)
-        chosen = selection[call.layer]
-        head_mask = torch.zeros(probs.shape[1], dtype=torch.bool, device=probs.device)
+            # a row's words past its last visible key are never read: not hashed
+            seen = visible.any(1)  # (B, Q, T)
+            last = torch.where(seen, torch.arange(shape[3], device=device), -1).amax(-1)
+            scores = random_scores(seed, ids.of(shape[0]), call.layer, shape[1], shape[2],
+                                   shape[3], device, limit=last + 1,
+                                   out=scratch.get("words", shape, torch.int64, device))
+            scores.masked_fill_(~visible, -1)
+        head_mask = torch.zeros(shape[1], dtype=torch.bool, device=device)
         head_mask[slice(None) if chosen is None else chosen] = True
-        # heads whose probabilities actually changed get the restricted output; every
-        # other head keeps the model's own output bit for bit (N >= |U| is the identity)
-        changed = head_mask & (restricted != probs).flatten(2).any(-1).any(0)
+        # restricted in place (the probabilities are this call's own): only rows that
+        # lose probability change, so every other head keeps the model's own output
+        # bit for bit (N >= |U| is the identity)
+        rows = _restrict_in_place(probs, scores, visible, n, renormalize, heads=head_mask,
+                                  masked=True, scratch=scratch)
+        changed = rows.flatten(2).any(-1).any(0)
         if not bool(changed.any()):
             return call.previous()
-        every = bool(changed.all())  # the usual case: no head keeps its own output
-        if not every:
-            restricted = torch.where(changed[None, :, None, None], restricted, probs)
-        new = torch.matmul(restricted.to(values.dtype), values).transpose(1, 2)
-        if every:
-            return new.to(eager_out.dtype).contiguous(), restricted
-        # where the model's own implementation is the family's eager function, its
-        # output is the one just computed (same function, same inputs): not run twice
-        base = eager_out if call.previous_is_eager and not call.nested else call.previous()[0]
+        new = torch.matmul(probs.to(values.dtype), values).transpose(1, 2)
+        if bool(changed.all()):  # the usual case: no head keeps its own output
+            return new.to(call.query.dtype).contiguous(), probs
+        base = eager_out if reuse else call.previous()[0]
         output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
-        return output.contiguous(), restricted
+        return output.contiguous(), probs
 
     with override_attention(model, handler):
         yield
