@@ -632,6 +632,10 @@ class CompetitionConfig(RunConfig):
                                     "per episode", metavar="MIN,MAX")
     prompt_format: str = option("auto", help="qa: plain, chat (the model's chat "
                                 "template) or auto (chat where the tokenizer has one)")
+    answer_prefix: str = option("", help="qa: words that open the answer before the "
+                                "scored position, {person} the asked person (e.g. "
+                                "'{person} is in the' for an instruct model's chat turn)",
+                                fingerprint="unless_default")
     babilong: str | None = option(None, help="qa: real BABILong rows (a dataset split "
                                   "name or a local .jsonl) instead of generated episodes")
     positional: bool = option(True, help="qa: add the positional control (the initial "
@@ -675,6 +679,7 @@ class CompetitionConfig(RunConfig):
                               f"{','.join(map(str, facts))}")
         s(self, "facts", tuple(facts))
         v.one_of("prompt_format", self.prompt_format, ("auto", "plain", "chat"))
+        _check_answer_prefix(self.answer_prefix)
         v.text("babilong", self.babilong, optional=True)
         s(self, "grid_max", v.integer("grid_max", self.grid_max, low=1))
         for name in ("positional", "nstar"):
@@ -705,6 +710,25 @@ class CompetitionConfig(RunConfig):
         d = super().to_dict()
         d["effective_taus"] = list(self.effective_taus)
         return d
+
+
+def _check_answer_prefix(prefix: object) -> None:
+    """One line for an answer prefix the qa prompt cannot use: not text, padded with
+    spaces (the candidates bring their own), or a field other than {person}."""
+    import string
+
+    if not isinstance(prefix, str):
+        raise ConfigError(f"answer_prefix: expected text, got {prefix!r}")
+    if prefix != prefix.strip():
+        raise ConfigError(f"answer_prefix: expected no leading or trailing spaces (the "
+                          f"candidates bring their own), got {prefix!r}")
+    try:
+        fields_ = {f for _, f, _, _ in string.Formatter().parse(prefix) if f is not None}
+    except ValueError as error:
+        raise ConfigError(f"answer_prefix: {error} in {prefix!r}") from None
+    if fields_ - {"person"}:
+        raise ConfigError(f"answer_prefix: only {{person}} may be filled in, got "
+                          f"{prefix!r}")
 
 
 def _probe_default(probe: str):

@@ -284,3 +284,31 @@ def test_competition_entry_point(stories, tmp_path) -> None:
     assert len(frames["context_slope"]) == 2  # tail and all, one tau
     with pytest.raises(ConfigError, match="probe"):
         competition(model, "maze", tokenizer=tok)
+
+
+@pytest.mark.parametrize("prompt_format", ["plain", "chat"])
+def test_an_answer_prefix_opens_the_answer_and_moves_nothing_else(smol_tokenizer,
+                                                                  prompt_format) -> None:
+    """"{person} is in the" ends the prompt with the asked person's name (plain: after
+    "Answer: "; chat: at the start of the assistant turn); the support and context
+    positions are those of the prompt without it, and candidates then take a space."""
+    tok = smol_tokenizer
+    sentences = qa.split_sentences(BACKGROUND_TEXT)
+    episodes = qa.generate_episodes(6, seed=4)
+    plain = qa.build_examples(episodes, tok, 40, sentences=sentences,
+                              prompt_format=prompt_format, seed=2)
+    opened = qa.build_examples(episodes, tok, 40, sentences=sentences,
+                               prompt_format=prompt_format, seed=2,
+                               answer_prefix="{person} is in the")
+    for ex, ep, base in zip(opened, episodes, plain, strict=True):
+        tail = f" {ep.person} is in the" if prompt_format == "plain" else \
+            f"<|im_start|>assistant\n{ep.person} is in the"
+        assert ex.prompt == base.prompt + (tail if prompt_format == "plain"
+                                           else f"{ep.person} is in the")
+        assert ex.prompt.endswith(tail) and ex.answer_prefix == "{person} is in the"
+        assert ex.support == base.support and ex.context == base.context
+        assert list(ex.input_ids[: len(base.input_ids) - 1]) == list(base.input_ids[:-1])
+    assert qa.candidate_prefix(prompt_format, "{person} is in the") == " "
+    assert qa.candidate_prefix("chat") == "" and qa.candidate_prefix("plain") == " "
+    with pytest.raises(ConfigError, match="only {person}"):
+        qa.render_prompt("x", "Where is Mary?", prompt_format, tok, "{place} is")

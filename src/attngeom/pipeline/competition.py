@@ -47,6 +47,7 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
                 # qa
                 backgrounds: Sequence[int] = (0, 256, 512, 1024), n_episodes: int = 60,
                 facts: tuple[int, int] = (2, 6), prompt_format: str = "auto",
+                answer_prefix: str = "",
                 babilong: str | None = None, positional: bool = True,
                 qa_taus: Sequence[float] = (0.10, 0.20), grid_max: int = 256,
                 extend: bool = True,
@@ -71,7 +72,8 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
     if probe == "qa":
         return _qa(model, tokenizer, name, layout, corpus=corpus, seed=seed,
                    selections=selections, backgrounds=backgrounds, n_episodes=n_episodes,
-                   facts=facts, prompt_format=prompt_format, babilong=babilong,
+                   facts=facts, prompt_format=prompt_format, answer_prefix=answer_prefix,
+                   babilong=babilong,
                    positional=positional, taus=qa_taus, grid_max=grid_max, extend=extend,
                    nstar=nstar, n_boot=n_boot, progress=progress)
     from attngeom.pipeline.context_sweep import context_sweep, sweep_windows
@@ -99,8 +101,8 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
 
 
 def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds,
-        n_episodes, facts, prompt_format, babilong, positional, taus, grid_max, extend,
-        nstar, n_boot, progress) -> dict:
+        n_episodes, facts, prompt_format, answer_prefix, babilong, positional, taus,
+        grid_max, extend, nstar, n_boot, progress) -> dict:
     from attngeom.pipeline import qa
     from attngeom.pipeline.qa_probe import qa_probe
 
@@ -110,7 +112,8 @@ def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds
     if babilong is not None:
         rows, dropped = qa.load_babilong(tokenizer, source=babilong,
                                          prompt_format=prompt_format, n=n_episodes,
-                                         max_positions=layout.max_positions)
+                                         max_positions=layout.max_positions,
+                                         answer_prefix=answer_prefix)
         examples = {rows[0].background: rows}
         corpus_name = f"BABILong {babilong}"
         extra["babilong_left_out"] = dropped
@@ -122,16 +125,18 @@ def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds
             sentences = qa.background_sentences(docs)
         examples = {int(b): qa.build_examples(episodes, tokenizer, int(b), sentences=sentences,
                                               prompt_format=prompt_format, seed=seed,
-                                              max_positions=layout.max_positions)
+                                              max_positions=layout.max_positions,
+                                              answer_prefix=answer_prefix)
                     for b in backgrounds}
     frames = qa_probe(model, tokenizer, examples, selections=selections,
                       positional=positional, taus=taus, nstar=nstar, grid_max=grid_max,
                       extend=extend, n_boot=n_boot, seed=seed, model_name=name,
                       progress=progress)
-    cands = qa.candidate_tokens(tokenizer, prefix=qa.candidate_prefix(prompt_format))
+    cands = qa.candidate_tokens(tokenizer,
+                                prefix=qa.candidate_prefix(prompt_format, answer_prefix))
     frames["competition_settings"] = _settings(
         probe="qa", model=name, prompt_format=prompt_format, candidate_scoring=cands.rule,
-        candidate_prefix=repr(cands.prefix),
+        candidate_prefix=repr(cands.prefix), answer_prefix=repr(answer_prefix),
         corpus=corpus_name, seed=seed, n_episodes=n_episodes, facts=f"{facts[0]}-{facts[1]}",
         backgrounds=",".join(str(b) for b in sorted(examples)),
         selections=",".join(s.label for s in selections) + (",positional/deletion"

@@ -210,6 +210,7 @@ class QAExample:
     question: str
     support_sentence: str
     prompt_format: str
+    answer_prefix: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -244,16 +245,21 @@ def _body(context: str, question: str) -> tuple[str, int]:
 
 
 def render_prompt(context: str, question: str, prompt_format: str, tokenizer,
-                  ) -> tuple[str, int]:
+                  answer_prefix: str = "") -> tuple[str, int]:
     """The prompt text and the character where the context starts in it.
 
     ``plain``: body + "\\n\\nAnswer:" (the initial token is added at tokenisation);
     ``chat``: the body as one user turn of the tokenizer's chat template with the
     assistant turn opened. A tokenizer without a chat template is a ``ConfigError``.
+    ``answer_prefix``: words that open the answer (after "Answer: " in a plain prompt,
+    at the start of the assistant turn in a chat one), ``{person}`` replaced by the
+    asked person (the question's last word): "{person} is in the" makes an instruct
+    model name a place at the scored position instead of opening a sentence.
     """
     body, at = _body(context, question)
+    opening = _answer_opening(answer_prefix, question)
     if prompt_format == "plain":
-        return f"{body}\n\nAnswer:", at
+        return f"{body}\n\nAnswer:" + (f" {opening}" if opening else ""), at
     if prompt_format != "chat":
         raise ConfigError(f"expected prompt_format in {list(PROMPT_FORMATS)}, got "
                           f"{prompt_format!r}")
@@ -266,7 +272,26 @@ def render_prompt(context: str, question: str, prompt_format: str, tokenizer,
     if where < 0 or text.find(body, where + 1) >= 0:
         raise ConfigError("the chat template does not keep the user turn verbatim; "
                           "use prompt_format='plain'")
-    return text, where + at
+    return text + opening, where + at
+
+
+def asked_person(question: str) -> str:
+    """The person a qa1 question asks about: its last word ("Where is Mary?")."""
+    words = question.split()
+    return words[-1].rstrip("?") if words else ""
+
+
+def _answer_opening(answer_prefix: str, question: str) -> str:
+    if not answer_prefix:
+        return ""
+    if answer_prefix != answer_prefix.strip():
+        raise ConfigError(f"answer_prefix: expected no leading or trailing spaces (the "
+                          f"candidates bring their own), got {answer_prefix!r}")
+    try:
+        return answer_prefix.format(person=asked_person(question))
+    except (KeyError, IndexError, ValueError) as error:
+        raise ConfigError(f"answer_prefix: only {{person}} may be filled in, got "
+                          f"{answer_prefix!r} ({error})") from None
 
 
 def _tokenise(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -281,7 +306,8 @@ def make_example(facts: Sequence[str], support: int, question: str, answer: str,
                  tokenizer, *, background: Sequence[str] = (), gaps: Sequence[int] = (),
                  prompt_format: str = "plain", initial_id: int | None = None,
                  max_positions: int | None = None, episode: int = 0,
-                 background_target: int = 0, background_tokens: int = 0) -> QAExample:
+                 background_target: int = 0, background_tokens: int = 0,
+                 answer_prefix: str = "") -> QAExample:
     """Tokenise one prompt: ``facts`` inserted before ``background[gaps[i]]`` in order."""
     pieces: list[str] = []
     fact_at = {}
@@ -296,7 +322,8 @@ def make_example(facts: Sequence[str], support: int, question: str, answer: str,
         if gap < len(background):
             pieces.append(background[gap])
     context = " ".join(pieces)
-    prompt, ctx_start = render_prompt(context, question, prompt_format, tokenizer)
+    prompt, ctx_start = render_prompt(context, question, prompt_format, tokenizer,
+                                      answer_prefix)
     s_char = ctx_start + sum(len(p) + 1 for p in pieces[: fact_at[support]])
     sentence = facts[support]
     if prompt.count(sentence) != 1:
@@ -318,13 +345,14 @@ def make_example(facts: Sequence[str], support: int, question: str, answer: str,
                      background_tokens=background_tokens, prompt=prompt,
                      input_ids=tuple(ids), support=tuple(s_tokens), context=tuple(x_tokens),
                      answer=answer, question=question, support_sentence=sentence,
-                     prompt_format=prompt_format)
+                     prompt_format=prompt_format, answer_prefix=answer_prefix)
 
 
 def build_examples(episodes: Sequence[Episode], tokenizer, background: int, *,
                    sentences: Sequence[str] = (), prompt_format: str = "plain",
                    seed: int = 0, max_positions: int | None = None,
-                   initial_id: int | None = None) -> list[QAExample]:
+                   initial_id: int | None = None, answer_prefix: str = "",
+                   ) -> list[QAExample]:
     """Every episode as a prompt with about ``background`` tokens of corpus sentences.
 
     ``sentences``: the background corpus (``background_sentences``); a background of 0
@@ -355,7 +383,7 @@ def build_examples(episodes: Sequence[Episode], tokenizer, background: int, *,
                                 background=chosen, gaps=gaps, prompt_format=prompt_format,
                                 initial_id=initial_id, max_positions=max_positions,
                                 episode=index, background_target=background,
-                                background_tokens=placed))
+                                background_tokens=placed, answer_prefix=answer_prefix))
     return out
 
 
@@ -395,7 +423,8 @@ def _babilong_rows(source: str | Path | None, length: str, task: str) -> list[di
 
 def load_babilong(tokenizer, *, source: str | Path | None = None, length: str = "0k",
                   task: str = "qa1", prompt_format: str = "plain", n: int | None = None,
-                  max_positions: int | None = None) -> tuple[list[QAExample], int]:
+                  max_positions: int | None = None, answer_prefix: str = "",
+                  ) -> tuple[list[QAExample], int]:
     """Real BABILong qa1 rows as examples, and how many were left out.
 
     Rows need ``input``, ``question`` and ``target``. The support is the asked person's
@@ -414,7 +443,7 @@ def load_babilong(tokenizer, *, source: str | Path | None = None, length: str = 
         except KeyError as error:
             raise CorpusError(f"BABILong row {i}: expected keys input, question, target; "
                               f"missing {error}") from None
-        person = question.split()[-1].rstrip("?") if question.strip() else ""
+        person = asked_person(question)
         moves = [m for m in _MOVE.finditer(text) if m.group(1) == person]
         if not moves or moves[-1].group(2) != target or text.count(moves[-1].group(0)) != 1:
             dropped += 1
@@ -423,19 +452,20 @@ def load_babilong(tokenizer, *, source: str | Path | None = None, length: str = 
         before = text[: moves[-1].start()]
         pieces = [before.rstrip(), sentence, text[moves[-1].end():].lstrip()]
         out.append(_example_from_text(pieces, question, target, tokenizer, prompt_format,
-                                      max_positions, i, length))
+                                      max_positions, i, length, answer_prefix))
     if not out:
         raise ConfigError(f"no BABILong row of {len(rows)} has a unique support sentence")
     return out, dropped
 
 
 def _example_from_text(pieces, question, target, tokenizer, prompt_format, max_positions,
-                       index, length) -> QAExample:
+                       index, length, answer_prefix: str = "") -> QAExample:
     facts = [p for p in pieces if p]
     support = facts.index(pieces[1])
     return make_example(facts, support, question, target, tokenizer, background=(),
                         gaps=(), prompt_format=prompt_format, max_positions=max_positions,
-                        episode=index, background_target=_k_tokens(length))
+                        episode=index, background_target=_k_tokens(length),
+                        answer_prefix=answer_prefix)
 
 
 def _k_tokens(length: str) -> int:
@@ -465,10 +495,10 @@ class Candidates:
         return self.rule != "first-token logit"
 
 
-def candidate_prefix(prompt_format: str) -> str:
+def candidate_prefix(prompt_format: str, answer_prefix: str = "") -> str:
     """What precedes a candidate: " " after the plain prompt's "Answer:" (the paper's
-    rule); nothing at the start of an opened chat assistant turn."""
-    return "" if prompt_format == "chat" else " "
+    rule) or after an answer prefix; nothing at the start of an opened chat turn."""
+    return "" if prompt_format == "chat" and not answer_prefix else " "
 
 
 def candidate_tokens(tokenizer, names: Sequence[str] = LOCATIONS, *,

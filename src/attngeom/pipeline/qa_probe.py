@@ -189,7 +189,10 @@ def qa_probe(model, tokenizer, examples: Mapping[int, Sequence[QAExample]], *,
     fmt = sorted({ex.prompt_format for v in examples.values() for ex in v})
     if len(fmt) != 1:
         raise ConfigError(f"expected examples of one prompt format, got {fmt}")
-    candidates = candidate_tokens(tokenizer, prefix=candidate_prefix(fmt[0]))
+    openings = sorted({ex.answer_prefix for v in examples.values() for ex in v})
+    if len(openings) > 1:
+        raise ConfigError(f"expected one answer prefix for every example, got {openings}")
+    candidates = candidate_tokens(tokenizer, prefix=candidate_prefix(fmt[0], openings[0]))
     rows_answers, rows_examples, rows_support, rows_summary = [], [], [], []
     rows_curve, rows_nstar = [], []
     common = {"model": model_name, "prompt_format": ",".join(fmt)}
