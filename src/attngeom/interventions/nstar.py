@@ -11,9 +11,14 @@ passes (else h). Evaluations are shared across the taus: every N is evaluated on
 each tau reads every evaluation so far.
 
 Narrowing (``step``): ``bisect`` evaluates floor((l + h) / 2), the paper's rule.
-``interpolate`` (the default) evaluates the N where the curve through the nearest known
-points in log N vs log delta reaches tau (delta curves are close to power laws), clamped
-strictly inside (l, h), with bisection's midpoint whenever no such N can be predicted or
+``interpolate`` (the default) evaluates the N where a curve through the nearest known
+points in log N vs log delta reaches tau (delta curves are close to power laws): a
+parabola inside a bracket with both ends known; past the last known N (the bracket up to
+the window, whose end has no delta) a blend of a parabola and a shifted power law
+a (N + s)^-b, each weighted by how far the other misses the next known point, since a
+single form extrapolated 3x past the grid lands 1-2% off and the N* - 3 .. N* that
+the refinement needs anyway are about half a percent wide there. The N is clamped
+strictly inside (l, h), with bisection's midpoint whenever none can be predicted or
 two steps in a row did not halve the bracket. Any N strictly inside the bracket keeps the
 answer exact, so where the loss is monotone both steps give the same N*_tau; they differ
 only in which N they try.
@@ -32,9 +37,12 @@ bracket (768 for a 1024-token window above 256), plus ``refine - 1`` refinements
 (h - 1 = l is known): 12 for one tau at T = 1024, and three taus in different brackets
 took a median of 18 (up to 30) on smooth curves. Four is the floor for a tau whose N* is
 not next to the grid (N*, N* - 1 to confirm it, two refinements), which interpolation
-reaches when its prediction is right: on an exact power law always (at most 12 for three
-taus), and on smooth near-power-law curves a median of 10 (T = 256) and 11 (T = 1024)
-for three taus, at most 14 (``tests/interventions/test_nstar.py`` measures it).
+reaches when its first prediction lands in N* - 3 .. N*: so at most 12 for three taus.
+On smooth near-power-law curves (``tests/interventions/test_nstar.py``: power laws,
+shifted, summed and log-log-curved ones, 400 per window length and seed) every curve
+costs exactly that floor: a median of 9-10 (T = 256) and 10-11 (T = 1024) for three
+taus, at most 12, in a median of 5 rounds (grid included), against bisection's median
+of 14-18, up to 30, in 8-9 rounds.
 Far from a power law (a cliff to 0 and a tiny tau) predictions can miss again and again,
 so a budget guard caps each tau: its narrowing asks at most ``GAMBLE`` (2) Ns more than
 bisection's worst case from its bracket after the grid, and an N is asked only where
@@ -153,23 +161,112 @@ def _inverse(points: Sequence[tuple[float, float]], y: float) -> float | None:
 
 
 def _crossing(known: Mapping[int, float], tau: float, low: int, high: int) -> float | None:
-    """The predicted N where delta reaches tau; None where there is none.
+    """The predicted N where delta reaches tau, at most ``high``; None where there is none.
 
-    Delta curves are close to power laws, straight lines in log N vs log delta, so log N
-    is interpolated as a function of log delta through the bracket's ends and the known
-    N nearest to them (the third point takes up the bend), else (that lands outside
-    (low, high]) along the straight line through the first two. Where ``high`` has no
-    usable delta (the endpoint, never evaluated, or a delta <= 0) the points are ``low``
-    and the known Ns nearest it: an extrapolation (the caller clamps the N it gets)."""
+    Delta curves are close to power laws, straight lines in log N vs log delta, with a
+    bend. Inside a bracket with both ends known: log delta as the parabola in log N
+    through the ends and the known N nearest them, where it falls through tau. Where
+    ``high`` has no usable delta (the endpoint, never evaluated, or a delta <= 0) the
+    crossing is extrapolated from ``low`` and the two known Ns nearest it, and the bend
+    decides it: the parabola (a slope that keeps turning) and a shifted power law
+    a (N + s)^-b (a slope that levels off, a correction that dies away) each predict
+    one, weighted by how far the other misses the fourth nearest point (a curve of
+    either form gets its own exactly; others a blend). A fit that never falls through tau
+    in the bracket predicts ``high``. Where fewer than three points are usable, log N
+    along the straight line through two (the caller clamps the N it gets)."""
     if low < 1 or not tau > 0 or _log_point(known, low) is None:
         return None
     ends = [low] + ([high] if _log_point(known, high) is not None else [])
     centre = sum(math.log(n) for n in ends) / len(ends)
     others = sorted((n for n in known if n not in ends and _log_point(known, n) is not None),
                     key=lambda n: (abs(math.log(n) - centre), n))
-    points = [_log_point(known, n) for n in [*ends, *others][:3]]
-    x = _inverse(points, math.log(tau))
-    return x if x is not None and low < x <= high else _inverse(points[:2], math.log(tau))
+    near = [_log_point(known, n) for n in [*ends, *others][:4]]
+    y, ulow = math.log(tau), math.log(low)
+    if len(near) < 3 or near[0][1] == near[1][1] == near[2][1]:  # a flat curve: no clue
+        return _inverse(near[:2], y)
+    fits: list[_Parabola | _Shifted] = [_Parabola(near[:3])]
+    if len(ends) == 1 and len(near) == 4:
+        fits.append(_Shifted(near[:3]))
+    guesses = [(fit, min(math.exp(min(u, 700.0)), high))
+               for fit in fits if (u := fit.crossing(y, ulow)) is not None]
+    if len(guesses) == 2:
+        (f0, x0), (f1, x1) = guesses
+        m0, m1 = f0.miss(*near[3]), f1.miss(*near[3])
+        if m0 == m1 or math.isinf(m0 + m1):
+            return x0 if m0 <= m1 else x1
+        return (m1 * x0 + m0 * x1) / (m0 + m1)
+    return guesses[0][1] if guesses else _inverse(near[:2], y)
+
+
+class _Parabola:
+    """log delta as the parabola in log N through three points."""
+
+    def __init__(self, points: Sequence[tuple[float, float]]) -> None:
+        (u0, y0), (u1, y1), (u2, y2) = points
+        slope = (y1 - y0) / (u1 - u0)
+        c = ((y2 - y1) / (u2 - u1) - slope) / (u2 - u0)
+        # y0 + slope (u - u0) + c (u - u0)(u - u1) as c u^2 + b u + a
+        self.c, self.b, self.a = c, slope - c * (u0 + u1), y0 - slope * u0 + c * u0 * u1
+
+    def miss(self, u: float, y: float) -> float:
+        return abs((self.c * u + self.b) * u + self.a - y)
+
+    def crossing(self, y: float, ulow: float) -> float:
+        """The smallest u > ulow where the parabola falls through y (inf where it never
+        does: it turns up first)."""
+        a, b, c = self.a - y, self.b, self.c
+        if abs(c) < 1e-12:
+            roots = [-a / b] if b else []
+        else:
+            disc = b * b - 4 * c * a
+            roots = [] if disc < 0 else [(-b + sign * math.sqrt(disc)) / (2 * c)
+                                         for sign in (1, -1)]
+        return min((u for u in roots if u > ulow and 2 * c * u + b < 0), default=math.inf)
+
+
+class _Shifted:
+    """log delta = A - b log(N + s) through three points, b > 0 and s > -N of each;
+    ``fit`` None where no such curve passes through them."""
+
+    def __init__(self, points: Sequence[tuple[float, float]]) -> None:
+        (n0, y0), (n1, y1), (n2, y2) = sorted((math.exp(u), y) for u, y in points)
+        self.fit: tuple[float, float, float] | None = None
+        if y0 == y1 or y1 == y2:
+            return
+        ratio = (y1 - y0) / (y2 - y1)
+
+        def shape(t: float) -> float:  # that ratio for the shift s = n0 (e^t - 1)
+            base = n0 * math.exp(t)  # n0 + s
+            return math.log1p((n1 - n0) / base) / math.log1p((n2 - n1) / (base + n1 - n0))
+
+        lo, hi = -30.0, 30.0  # shape falls from ~inf to (n1 - n0) / (n2 - n1)
+        if not shape(hi) < ratio < shape(lo):
+            return
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if shape(mid) > ratio else (lo, mid)
+        base = n0 * math.exp((lo + hi) / 2)
+        b = (y0 - y1) / math.log1p((n1 - n0) / base)
+        if b > 0 and math.isfinite(b):
+            self.fit = y0 + b * math.log(base), b, base - n0
+
+    def miss(self, u: float, y: float) -> float:
+        if self.fit is None or math.exp(u) + self.fit[2] <= 0:
+            return math.inf
+        a, b, s = self.fit
+        return abs(a - b * math.log(math.exp(u) + s) - y)
+
+    def crossing(self, y: float, ulow: float) -> float | None:
+        """log N where the fit reaches y (it falls through every y), None without a fit
+        or where that is not above ulow."""
+        if self.fit is None:
+            return None
+        a, b, s = self.fit
+        lx = (a - y) / b
+        if lx > 700:
+            return math.inf
+        x = math.exp(lx) - s
+        return math.log(x) if x > 0 and math.log(x) > ulow else None
 
 
 def _narrow(known: Mapping[int, float], tau: float, low: int, high: int, step: str,
@@ -189,7 +286,7 @@ def _narrow(known: Mapping[int, float], tau: float, low: int, high: int, step: s
     if step == "bisect" or slow >= 2:
         return [mid]
     x = _crossing(known, tau, low, high)
-    if x is None:
+    if x is None or not math.isfinite(x):
         return [mid]
     guess = min(max(math.ceil(x) - int(first), low + 1), high - 1)
     return [guess] if first or guess - 1 <= low else [guess, guess - 1]
