@@ -467,7 +467,8 @@ def test_row_states_are_the_coordinate_chain(seed, window, layer, heads, positio
        width=st.integers(1, 2100), shape=st.sampled_from([(-1,), (1, -1), (-1, 1, 1)]))
 def test_row_hash_is_the_elementwise_hash(rows, width, shape):
     """hash32_rows (in place, blocks of rows) gives the words of hash32 on the full
-    broadcast, for widths around the block size and any leading shape."""
+    broadcast, for widths around the block size and any leading shape; its int32 order
+    words are those words minus 2**31, computed in int32 arithmetic."""
     from attngeom.core.kernels import hash32, hash32_rows, hashed_positions
 
     keys = hashed_positions(torch.arange(width, dtype=torch.int64))
@@ -476,6 +477,40 @@ def test_row_hash_is_the_elementwise_hash(rows, width, shape):
     got = hash32_rows(states, keys)
     assert got.dtype == torch.int64 and got.shape == expected.shape
     assert torch.equal(got, expected)
+    order = hash32_rows(states, keys, order=True)
+    assert order.dtype == torch.int32 and order.shape == expected.shape
+    assert torch.equal(order.to(torch.int64), expected - 2**31)
+
+
+def _unhash32(word: int) -> int:
+    """The input lowbias32 maps to ``word``: its steps undone in reverse (a xorshift by
+    16 is its own inverse on 32 bits, one by 15 needs the 30 too; a multiply by an odd
+    constant has a modular inverse)."""
+    from attngeom.core.kernels import _C1, _C2
+
+    m = (1 << 32) - 1
+    x = word ^ (word >> 16)
+    x = (x * pow(_C2, -1, 1 << 32)) & m
+    x = x ^ (x >> 15) ^ (x >> 30)
+    x = (x * pow(_C1, -1, 1 << 32)) & m
+    return x ^ (x >> 16)
+
+
+def test_order_words_at_the_ends_and_across_the_sign_bit():
+    """Words 0, 1, 2**31 - 1, 2**31 and 2**32 - 1 (the int32 rounds' sign-bit cases):
+    their order words are word - 2**31, and signed order is the words' unsigned order."""
+    from attngeom.core.kernels import ORDER_MIN, hash32, hash32_rows
+
+    targets = [0, 1, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 2, 2**32 - 1]
+    states = torch.tensor([_unhash32(w) for w in targets], dtype=torch.int64)
+    keys = torch.tensor([0], dtype=torch.int64)
+    words = hash32(states[:, None] ^ keys)[:, 0]
+    assert words.tolist() == targets
+    order = hash32_rows(states, keys, order=True)[:, 0]
+    assert order.tolist() == [w - 2**31 for w in targets]
+    assert int(order[0]) == ORDER_MIN
+    shuffled = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+    assert torch.equal(torch.argsort(order[shuffled]), torch.argsort(words[shuffled]))
 
 
 @settings(max_examples=30, deadline=None)
@@ -490,14 +525,15 @@ def test_row_hash_limits_write_each_rows_prefix_exactly(rows, width, data):
     states = torch.tensor(rows, dtype=torch.int64)
     limit = torch.tensor(data.draw(st.lists(st.integers(0, width + 3), min_size=len(rows),
                                             max_size=len(rows))))
-    out = torch.full((len(rows), width), -7, dtype=torch.int64)
-    hash32_rows(states, keys, out=out, limit=limit)
     expected = hash32(states[:, None] ^ keys)
     cols = torch.arange(width)
     inside = cols[None, :] < limit[:, None]
-    assert torch.equal(out[inside], expected[inside])
-    # nothing past a row's block maximum is written
-    block = max(1, (1 << 16) // width)
-    for a in range(0, len(rows), block):
-        top = int(limit[a : a + block].clamp(max=width).max())
-        assert bool((out[a : a + block, top:] == -7).all())
+    for order, dtype, shift in [(False, torch.int64, 0), (True, torch.int32, 2**31)]:
+        out = torch.full((len(rows), width), -7, dtype=dtype)
+        hash32_rows(states, keys, out=out, limit=limit, order=order)
+        assert torch.equal(out[inside].to(torch.int64), expected[inside] - shift)
+        # nothing past a row's block maximum is written (blocks of 512 kB)
+        block = max(1, (1 << 19) // out.element_size() // width)
+        for a in range(0, len(rows), block):
+            top = int(limit[a : a + block].clamp(max=width).max())
+            assert bool((out[a : a + block, top:] == -7).all())

@@ -216,6 +216,31 @@ def test_topn_keep_equals_the_stable_sort(rows, t, n, levels, seed):
     assert torch.equal(topn_keep(p, causal, n), _sorted_keep(p, causal, n))
 
 
+
+# words whose order words sit at the ends and across the sign bit; 0's is the mark
+EDGE_WORDS = [0, 1, 2**31 - 1, 2**31, 2**32 - 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 6), t=st.integers(1, 24), n=st.integers(1, 30),
+       levels=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
+def test_topn_keep_on_order_words_equals_the_stable_sort_of_words(rows, t, n, levels, seed):
+    # the random ranking's int32 order words (word - 2**31) keep what the words keep,
+    # though word 0's order word is also the invisible keys' mark: few distinct words,
+    # 0 among them, so rows with more than n visible words 0 come up often
+    g = torch.Generator().manual_seed(seed)
+    words = torch.tensor(EDGE_WORDS[:levels])[torch.randint(0, levels, (rows, t), generator=g)]
+    order = (words - 2**31).to(torch.int32)
+    visible = torch.rand(rows, t, generator=g) < 0.8
+    expected = _sorted_keep(words, visible, n)
+    assert torch.equal(topn_keep(order, visible, n), expected)
+    marked = order.masked_fill(~visible, -(2**31))
+    assert torch.equal(topn_keep(marked, visible, n, masked=True), expected)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    square = torch.tensor(EDGE_WORDS)[torch.randint(0, 5, (rows, t, t), generator=g)]
+    assert torch.equal(topn_keep((square - 2**31).to(torch.int32), causal, n),
+                       _sorted_keep(square, causal, n))
+
 # --------------------------------------------------------------------------- rankings
 
 
@@ -306,6 +331,32 @@ def test_random_ranking_is_seeded_nested_and_per_window():
     shuffled = {k: v.flip(0) for k, v in inputs.items()}
     same = _kept_pattern(model, shuffled, n=2, seed=5, windows=[7, 8], **common)[0]
     assert torch.equal(same, small)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 11])
+def test_random_ranking_keeps_the_first_n_by_word_under_left_padding(n):
+    """The restricted forward's kept keys (int32 order words inside) are the first n
+    visible keys of each row by descending hash word (int64, the definition), ties to
+    the smaller position, with invisible keys (left padding) before the visible ones."""
+    from attngeom.interventions.restriction import random_scores
+
+    model = make_model("llama")
+    inputs = make_inputs("llama", batch=2, length=12)
+    inputs["attention_mask"][1, :3] = 0
+    caps = []
+    with restrict_topn(model, n, layers=[0], ranking="random", seed=9, windows=[4, 2],
+                       renormalize=False), capture_attention(model, caps.append):
+        run(model, inputs)
+    cap = next(c for c in caps if c.layer == 0)
+    b, h, q, t = cap.alpha.shape
+    words = random_scores(9, [4, 2], 0, h, q, t, "cpu")
+    visible = cap.visible.expand_as(cap.alpha)
+    expected = _sorted_keep(words, visible, n)
+    real = inputs["attention_mask"].bool()[:, None, :, None].expand_as(expected)
+    assert torch.equal((cap.alpha > 0) & real, expected & real)
+    # and the order words are those words less 2**31
+    order = random_scores(9, [4, 2], 0, h, q, t, "cpu", order=True)
+    assert order.dtype == torch.int32 and torch.equal(order.to(torch.int64), words - 2**31)
 
 
 def test_random_order_matches_its_definition():

@@ -485,13 +485,24 @@ def hashed_positions(keys: Tensor) -> Tensor:
     return hash32((keys + _GOLDEN) & _M32)
 
 
-# rows hashed per block by ``hash32_rows``: 64 rows of 1024 keys are 512 kB of int64, so
-# the seven in-place passes of a block stay in cache
-_HASH_BLOCK_ELEMENTS = 1 << 16
+# bytes of words hashed per block by ``hash32_rows``: 64 rows of 1024 int64 keys are
+# 512 kB, so the block's in-place passes stay in cache
+_HASH_BLOCK_BYTES = 1 << 19
+# the lowbias32 rounds as int32 arithmetic: an arithmetic shift copies the sign bit into
+# the top, so the shifted word is masked to the bits a logical shift keeps; a multiply
+# wraps modulo 2**32 as the int64 one does modulo 2**64 (see ``_mul32``)
+_INT32_ROUNDS = ((16, 0xFFFF, _C1), (15, 0x1FFFF, _C2 - (1 << 32)), (16, 0xFFFF, None))
+ORDER_MIN = -(1 << 31)  # the order word of hash word 0: the smallest int32
+
+
+def _as_int32(words: Tensor) -> Tensor:
+    """Words in [0, 2**32) (int64) as int32 with the same 32 bits."""
+    words = words.to(torch.int64)
+    return (words - ((words >> 31) << 32)).to(torch.int32)
 
 
 def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
-                limit: Tensor | None = None) -> Tensor:
+                limit: Tensor | None = None, *, order: bool = False) -> Tensor:
     """``hash32(states[..., None] ^ keys)`` as a new (..., T) int64 tensor, bit for bit.
 
     The restriction's random ranking hashes every (row, key) pair of every layer:
@@ -500,25 +511,35 @@ def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
     of rows at a time is hashed in place with one scratch buffer, the same operations in
     the same order on the same int64 values, so the words are identical.
     ``states`` (...) in [0, 2**32), ``keys`` (T,) in [0, 2**32); ``out``: a contiguous
-    int64 tensor of the result's shape to write into (reused buffers skip the page
+    tensor of the result's shape and dtype to write into (reused buffers skip the page
     faults of a fresh one). ``limit`` (broadcastable to ``states``): each row needs only
     its first ``limit`` words (a causal row's visible keys); a block of rows then hashes
     the columns below its largest limit and leaves the rest of ``out`` unwritten, for a
     caller that masks them.
+
+    ``order``: int32 *order words* instead, word - 2**31 (the same 32 bits with the top
+    one flipped): ordered as signed integers exactly as the words are as unsigned ones,
+    so a top-n over them keeps the same keys, ties included. They are computed in int32
+    arithmetic, the same rounds on the same bits: half the bytes, and multiplies the
+    CPU vectorises (an int64 multiply it does not), about twice as fast.
     """
+    dtype = torch.int32 if order else torch.int64
     width = keys.shape[-1]
     shape = (*states.shape, width)
     if out is None:
-        out = torch.empty(shape, dtype=torch.int64, device=states.device)
-    elif out.shape != shape or out.dtype != torch.int64 or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous int64 tensor of shape {shape}")
+        out = torch.empty(shape, dtype=dtype, device=states.device)
+    elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous {str(dtype).removeprefix('torch.')} "
+                         f"tensor of shape {shape}")
     rows = out.view(-1, width)
     flat = states.reshape(-1, 1).to(torch.int64)
+    if order:
+        flat, keys = _as_int32(flat), _as_int32(keys)
     reach = None
     if limit is not None:
         reach = torch.broadcast_to(limit, states.shape).reshape(-1).clamp(0, width).tolist()
-    step = max(1, _HASH_BLOCK_ELEMENTS // max(width, 1))
-    scratch = torch.empty(min(step, rows.shape[0]) * width, dtype=torch.int64,
+    step = max(1, _HASH_BLOCK_BYTES // out.element_size() // max(width, 1))
+    scratch = torch.empty(min(step, rows.shape[0]) * width, dtype=dtype,
                           device=states.device)
     for a in range(0, rows.shape[0], step):
         b = min(a + step, rows.shape[0])
@@ -528,6 +549,15 @@ def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
         x = rows[a:b, :cols]
         tmp = scratch[: (b - a) * cols].view(b - a, cols)
         torch.bitwise_xor(flat[a:b], keys[:cols], out=x)
+        if order:
+            for shift, kept, factor in _INT32_ROUNDS:
+                torch.bitwise_right_shift(x, shift, out=tmp)
+                tmp &= kept
+                x ^= tmp
+                if factor is not None:
+                    x.mul_(factor)
+            x ^= ORDER_MIN
+            continue
         x &= _M32
         for shift, factor in ((16, _C1), (15, _C2), (16, None)):
             torch.bitwise_right_shift(x, shift, out=tmp)

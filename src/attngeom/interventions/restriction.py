@@ -34,7 +34,7 @@ from attngeom.capture import (
     override_attention,
     repeat_kv,
 )
-from attngeom.core.kernels import hash32_rows, hashed_positions
+from attngeom.core.kernels import ORDER_MIN, hash32_rows, hashed_positions
 from attngeom.core.random_control import row_states
 from attngeom.errors import ConfigError
 
@@ -51,26 +51,44 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
     value (a full sort of every row cost a quarter of a restricted forward); only rows
     where equal values straddle the n-th place pay for a cumulative count. Invisible
     keys are never kept; a row with at most n visible keys keeps all of them.
-    ``masked``: ``probs`` already holds -1 at every invisible key (the restriction's
-    own score buffer), so no masked copy is made; ``out``: a bool buffer for the mask.
+    ``masked``: ``probs`` already holds the invisible mark at every invisible key (the
+    restriction's own score buffer), so no masked copy is made; ``out``: a bool buffer
+    for the mask. Scores are >= 0 (probabilities, contributions, hash words; the mark is
+    -1) or int32 order words (``core.kernels.hash32_rows(order=True)``; the mark is
+    ``ORDER_MIN``, which is also hash word 0's order word: see below).
     """
     if n >= probs.shape[-1]:
         return visible.expand_as(probs).clone()
-    # scores are >= 0 (probabilities, contributions, hash words); invisible keys get -1
-    # and the n-th value is clamped at 0, so they are never kept, and a row with at most
-    # n visible keys (whose n-th value is -1 or its smallest) keeps exactly those
-    score = probs if masked else probs.masked_fill(~visible, -1)
+    words = probs.dtype == torch.int32
+    mark = ORDER_MIN if words else -1
+    score = probs if masked else probs.masked_fill(~visible, mark)
     # the n-th and (n+1)-th values: equal (and visible) only where a tie straddles the
     # n-th place, the rows that need the count (no pass over every row for it); an
     # unsorted topk and a sort of its n + 1 values cost less than a sorted topk
     top = score.topk(n + 1, dim=-1, sorted=False).values.sort(dim=-1, descending=True).values
     kth, after = top[..., n - 1 : n], top[..., n : n + 1]
-    crowded = ((after == kth) & (kth >= 0))[..., 0]
-    kth = kth.clamp_min(0)
+    if words:
+        # the mark equals word 0's order word: a row whose n-th value is the mark (a
+        # ``low`` row) has fewer than n keys above it, so it keeps its visible keys,
+        # unless more than n are visible (two visible words 0, about 2**-64 a row), when
+        # the tie count settles it among the visible keys
+        low = kth == mark
+        crowded = (after == kth) & (~low | (visible.sum(-1, keepdim=True) > n))
+    else:
+        # scores are >= 0 and invisible keys -1: the n-th value clamped at 0 never keeps
+        # one, and a row with at most n visible keys (whose n-th value is -1 or its
+        # smallest) keeps exactly those
+        crowded = (after == kth) & (kth >= 0)
+        kth = kth.clamp_min(0)
+    crowded = crowded[..., 0]
     keep = torch.ge(score, kth, out=out) if out is not None else score >= kth
+    if words:
+        few = low[..., 0] & ~crowded  # rows with at most n visible keys: exactly those
+        if bool(few.any()):
+            keep[few] = visible.expand_as(score)[few]
     if bool(crowded.any()):
         s, k = score[crowded], kth[crowded]
-        tie = s == k
+        tie = (s == k) & visible.expand_as(score)[crowded]
         room = n - (s > k).sum(-1, keepdim=True)
         keep[crowded] = (s > k) | (tie & (tie.cumsum(-1) <= room))
     return keep
@@ -86,9 +104,10 @@ def contribution_scores(probs: torch.Tensor, values: torch.Tensor) -> torch.Tens
 def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
                   num_queries: int, num_keys: int, device,
                   out: torch.Tensor | None = None,
-                  limit: torch.Tensor | None = None) -> torch.Tensor:
+                  limit: torch.Tensor | None = None, order: bool = False) -> torch.Tensor:
     """(B, H, Q, T) int64 in [0, 2**32): the random ranking's key order, one hash per
-    (seed, window, layer, head, query position, key position).
+    (seed, window, layer, head, query position, key position); with ``order``, int32
+    order words (word - 2**31, ``hash32_rows``), the same order at half the cost.
 
     Query row q sits at position ``q + T - Q`` (queries aligned to the last keys, as a
     causal mask reads them). The row's state is ``core.random_control.row_states``'s
@@ -104,11 +123,11 @@ def random_scores(seed: int, windows: Sequence[int], layer: int, num_heads: int,
     keys = hashed_positions(torch.arange(num_keys, dtype=torch.int64, device=device))
     if out is None:
         out = torch.empty((len(windows), num_heads, num_queries, num_keys),
-                          dtype=torch.int64, device=device)
+                          dtype=torch.int32 if order else torch.int64, device=device)
     for b, window in enumerate(windows):
         state, _ = row_states(int(seed), int(window), int(layer), heads, positions, 1)
         reach = None if limit is None else limit[b][None, :]
-        hash32_rows(state[0][..., 0], keys, out=out[b], limit=reach)  # (H, Q, T)
+        hash32_rows(state[0][..., 0], keys, out=out[b], limit=reach, order=order)  # (H, Q, T)
     return out
 
 
@@ -311,9 +330,9 @@ def restrict_topn(
             seen = visible.any(1)  # (B, Q, T)
             last = torch.where(seen, torch.arange(shape[3], device=device), -1).amax(-1)
             scores = random_scores(seed, ids.of(shape[0]), call.layer, shape[1], shape[2],
-                                   shape[3], device, limit=last + 1,
-                                   out=scratch.get("words", shape, torch.int64, device))
-            scores.masked_fill_(~visible, -1)
+                                   shape[3], device, limit=last + 1, order=True,
+                                   out=scratch.get("words", shape, torch.int32, device))
+            scores.masked_fill_(~visible, ORDER_MIN)
         head_mask = torch.zeros(shape[1], dtype=torch.bool, device=device)
         head_mask[slice(None) if chosen is None else chosen] = True
         # restricted in place (the probabilities are this call's own): only rows that
