@@ -241,6 +241,51 @@ def test_topn_keep_on_order_words_equals_the_stable_sort_of_words(rows, t, n, le
     assert torch.equal(topn_keep((square - 2**31).to(torch.int32), causal, n),
                        _sorted_keep(square, causal, n))
 
+
+def _reach(visible):
+    """One past each row's last visible key."""
+    t = visible.shape[-1]
+    return torch.where(visible, torch.arange(t), -1).amax(-1) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(q=st.integers(1, 40), extra=st.integers(0, 12), n=st.integers(1, 20),
+       levels=st.integers(1, 5), block=st.integers(1, 9), pad=st.integers(0, 6),
+       words=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_topn_keep_reading_only_each_blocks_reach_keeps_the_same(q, extra, n, levels, block,
+                                                                    pad, words, seed):
+    # rows read in blocks up to their largest reach (causal, queries aligned to the last
+    # keys, some left padding): the same keep as the stable sort, floats and order words
+    from unittest import mock
+
+    from attngeom.interventions import restriction
+
+    t = q + extra
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.arange(q)[:, None] + extra
+    visible = (torch.arange(t)[None, :] <= rows) & (torch.arange(t)[None, :] >= pad)
+    visible = visible[None, None].expand(2, 1, q, t)
+    pick = torch.randint(0, levels, (2, 3, q, t), generator=g)
+    if words:
+        value = torch.tensor(EDGE_WORDS[:levels])[pick]
+        score = (value - 2**31).to(torch.int32)
+    else:
+        value = score = pick.to(torch.float32) / levels
+    expected = _sorted_keep(value, visible, n)
+    with mock.patch.object(restriction, "_TOPK_ROWS", block):
+        got = topn_keep(score, visible, n, reach=_reach(visible))
+    assert torch.equal(got, expected)
+
+
+def test_topn_keep_with_reach_at_full_size():
+    # the default block of 128 rows on a 300-key causal window
+    g = torch.Generator().manual_seed(0)
+    visible = torch.ones(300, 300, dtype=torch.bool).tril()[None, None]
+    score = torch.rand(1, 2, 300, 300, generator=g)
+    for n in (1, 64, 200, 299):
+        assert torch.equal(topn_keep(score, visible, n, reach=_reach(visible)),
+                           _sorted_keep(score, visible, n))
+
 # --------------------------------------------------------------------------- rankings
 
 
