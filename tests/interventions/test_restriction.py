@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from architectures import ARCHITECTURES, make_inputs, make_model
@@ -49,6 +51,56 @@ def test_restrict_probabilities_renormalises_only_rows_it_changed():
     assert torch.equal(kept[1], probs[1])  # nothing dropped: bit-identical
     lost = restrict_probabilities(probs, visible, 2, renormalize=False)
     assert torch.equal(lost[0], torch.tensor([0.5, 0.3, 0.0]))
+    # more visible keys than n, but only zeros dropped: no probability lost, no rescaling
+    # of a row that sums to a little less than one
+    short = torch.tensor([[0.5, 0.499, 0.0, 0.0]])
+    everywhere = torch.ones(1, 4, dtype=torch.bool)
+    for n in (2, 3):
+        assert torch.equal(restrict_probabilities(short, everywhere, n, renormalize=True),
+                           short)
+    scores = torch.tensor([[0.1, 0.2, 0.3, 0.4]])  # another ranking drops the 0.5 at n = 3
+    kept = restrict_probabilities(short, everywhere, 3, renormalize=True, scores=scores)
+    assert torch.equal(kept, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+
+
+def _restricted_reference(probs, visible, n, renormalize, scores=None):
+    """The definition row by row: keep the first n visible keys by descending score
+    (ties to the smaller position); a row that loses a visible key with p > 0 has
+    every other entry zeroed (and rescaled to sum to one), any other row is unchanged."""
+    keep = _sorted_keep(probs if scores is None else scores, visible, n)
+    out = probs.clone()
+    vis = visible.expand_as(probs)
+    for index in itertools.product(*map(range, probs.shape[:-1])):
+        p, k = probs[index], keep[index]
+        if bool((vis[index] & ~k & (p > 0)).any()):
+            row = torch.where(k, p, torch.zeros_like(p))
+            if renormalize and float(row.sum()) > 0:
+                row = row / row.sum(-1, keepdim=True)
+            out[index] = row
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 5), t=st.integers(1, 16), n=st.integers(1, 18),
+       levels=st.integers(1, 4), renormalize=st.booleans(), by=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_restrict_probabilities_equals_the_definition(rows, t, n, levels, renormalize, by,
+                                                       seed):
+    # ties, zero probabilities among the visible keys, invisible keys at 0 except in rows
+    # with no visible key (softmax over a fully masked row is uniform), and an explicit
+    # score (another ranking) or the probabilities themselves
+    g = torch.Generator().manual_seed(seed)
+    visible = torch.rand(rows, t, generator=g) < 0.7
+    visible[0] = False
+    raw = torch.randint(0, levels + 1, (rows, t), generator=g).to(torch.float32)
+    probs = torch.where(visible, raw, torch.zeros(()))
+    probs[0] = 1.0
+    # rows summing to a little less than one, as softmax's rounding leaves them: a row
+    # rescaled that should not have been shows
+    probs = 0.999 * probs / probs.sum(-1, keepdim=True).clamp_min(1)
+    scores = torch.rand(rows, t, generator=g).round(decimals=1) if by else None
+    got = restrict_probabilities(probs, visible, n, renormalize, scores=scores)
+    assert torch.equal(got, _restricted_reference(probs, visible, n, renormalize, scores))
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

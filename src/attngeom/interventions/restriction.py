@@ -53,8 +53,8 @@ def _nth_values(score: torch.Tensor, n: int, reach: torch.Tensor | None,
     ``reach`` (broadcastable to (…, Q)): one past each row's last visible key, whose
     later columns hold the invisible mark, the smallest value; a block of rows then
     reads only the columns below its largest reach (at least n + 1: the values found
-    are the full row's, the rest being marks). An unsorted topk and a sort of its n + 1
-    values cost less than a sorted topk."""
+    are the full row's, the rest being marks). An unsorted topk, then the two smallest
+    of its n + 1 values in order, cost less than a sorted topk or a sort of the n + 1."""
     q, t = score.shape[-2:]
     spans = [(0, q, t)]
     if reach is not None and q > _TOPK_ROWS:
@@ -66,9 +66,10 @@ def _nth_values(score: torch.Tensor, n: int, reach: torch.Tensor | None,
     kth, after = [], []
     for a, b, cols in spans:
         block = score[..., a:b, :cols]
-        top = block.topk(n + 1, dim=-1, sorted=False).values.sort(dim=-1, descending=True).values
-        kth.append(top[..., n - 1 : n])
-        after.append(top[..., n : n + 1])
+        top = block.topk(n + 1, dim=-1, sorted=False).values
+        ends = top.topk(2, dim=-1, largest=False).values  # the (n + 1)-th, the n-th
+        after.append(ends[..., 0:1])
+        kth.append(ends[..., 1:2])
     if len(spans) == 1:
         return kth[0], after[0]
     return torch.cat(kth, dim=-2), torch.cat(after, dim=-2)
@@ -93,8 +94,16 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
     past each row's last visible key (broadcastable to ``probs.shape[:-1]``), which lets
     a causal mask's early rows skip the columns they cannot see (``_nth_values``).
     """
+    return _topn(probs, visible, n, masked=masked, out=out, reach=reach)[0]
+
+
+def _topn(probs: torch.Tensor, visible: torch.Tensor, n: int, *, masked: bool = False,
+          out: torch.Tensor | None = None, reach: torch.Tensor | None = None,
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``topn_keep``'s mask and each row's (n + 1)-th largest score (the mark where the
+    row has at most n visible keys; None where n >= T)."""
     if n >= probs.shape[-1]:
-        return visible.expand_as(probs).clone()
+        return visible.expand_as(probs).clone(), None
     words = probs.dtype == torch.int32
     mark = ORDER_MIN if words else -1
     score = probs if masked else probs.masked_fill(~visible, mark)
@@ -125,7 +134,7 @@ def topn_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
         tie = (s == k) & visible.expand_as(score)[crowded]
         room = n - (s > k).sum(-1, keepdim=True)
         keep[crowded] = (s > k) | (tie & (tie.cumsum(-1) <= room))
-    return keep
+    return keep, after
 
 
 def contribution_scores(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -181,29 +190,39 @@ def restrict_probabilities(
     same in place on its own buffers.
     """
     probs = probs.clone()
-    _restrict_in_place(probs, probs if scores is None else scores, visible, n, renormalize)
+    _restrict_in_place(probs, probs if scores is None else scores, visible, n, renormalize,
+                       by_probs=scores is None)
     return probs
 
 
 def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch.Tensor,
                        n: int, renormalize: bool, *, heads: torch.Tensor | None = None,
                        masked: bool = False, scratch: _Scratch | None = None,
-                       reach: torch.Tensor | None = None) -> torch.Tensor:
+                       reach: torch.Tensor | None = None, by_probs: bool = False,
+                       ) -> torch.Tensor:
     """Restrict ``probs`` in place (see ``restrict_probabilities``); returns the (B, H,
     Q, 1) rows that lost probability. ``heads`` (H,) bool: only these heads' rows are
     restricted. ``masked``: ``scores`` holds the invisible mark already. ``scratch``
-    lends the (B, H, Q, T) bool buffers; ``reach`` as in ``topn_keep``."""
+    lends the (B, H, Q, T) bool buffers; ``reach`` as in ``topn_keep``. ``by_probs``:
+    the scores are the probabilities (the attention ranking), so a row loses
+    probability exactly where its (n + 1)-th largest visible one is positive (more than
+    n positive keys, all ranked above the zeros): no pass over the row to find out."""
     scratch = scratch or _Scratch()
     shape = probs.shape
-    keep = topn_keep(scores, visible, n, masked=masked, reach=reach,
-                     out=scratch.get("keep", shape, torch.bool, probs.device))
-    # a row loses probability where a visible key it does not keep has p > 0
-    lost = scratch.get("lost", shape, torch.bool, probs.device)
-    torch.gt(probs, 0, out=lost)
+    keep, after = _topn(scores, visible, n, masked=masked, reach=reach,
+                        out=scratch.get("keep", shape, torch.bool, probs.device))
     drop = torch.logical_not(keep, out=keep)
-    lost.logical_and_(drop).logical_and_(visible)
-    # ``any`` over a bool row is a scalar loop on CPU; the maximum of its bytes is not
-    rows = lost.view(torch.uint8).amax(-1, keepdim=True).view(torch.bool)
+    if after is None:  # n >= T: no row can lose a key
+        rows = torch.zeros((*shape[:-1], 1), dtype=torch.bool, device=probs.device)
+    elif by_probs:
+        rows = after > 0
+    else:
+        # a row loses probability where a visible key it does not keep has p > 0
+        lost = scratch.get("lost", shape, torch.bool, probs.device)
+        torch.gt(probs, 0, out=lost)
+        lost.logical_and_(drop).logical_and_(visible)
+        # ``any`` over a bool row is a scalar loop on CPU; the maximum of its bytes is not
+        rows = lost.view(torch.uint8).amax(-1, keepdim=True).view(torch.bool)
     if heads is not None:
         rows &= heads[None, :, None, None]
     drop.logical_and_(rows)  # only the rows that lose probability change
@@ -376,7 +395,8 @@ def restrict_topn(
         # lose probability change, so every other head keeps the model's own output
         # bit for bit (N >= |U| is the identity)
         rows = _restrict_in_place(probs, scores, visible, n, renormalize, heads=head_mask,
-                                  masked=True, scratch=scratch, reach=reach[:, None])
+                                  masked=True, scratch=scratch, reach=reach[:, None],
+                                  by_probs=ranking == "attention")
         changed = rows.flatten(2).any(-1).any(0)
         if not bool(changed.any()):
             return call.previous()
