@@ -535,6 +535,12 @@ def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
     flat = states.reshape(-1, 1).to(torch.int64)
     if order:
         flat, keys = _as_int32(flat), _as_int32(keys)
+        # the constants as int32 tensors: a Python int is cast anew at every operation
+        rounds = [(shift, torch.tensor(kept, dtype=dtype, device=states.device),
+                   None if factor is None else torch.tensor(factor, dtype=dtype,
+                                                            device=states.device))
+                  for shift, kept, factor in _INT32_ROUNDS]
+        flip = torch.tensor(ORDER_MIN, dtype=dtype, device=states.device)
     reach = None
     if limit is not None:
         reach = torch.broadcast_to(limit, states.shape).reshape(-1).clamp(0, width).tolist()
@@ -550,13 +556,13 @@ def hash32_rows(states: Tensor, keys: Tensor, out: Tensor | None = None,
         tmp = scratch[: (b - a) * cols].view(b - a, cols)
         torch.bitwise_xor(flat[a:b], keys[:cols], out=x)
         if order:
-            for shift, kept, factor in _INT32_ROUNDS:
+            for shift, kept, factor in rounds:
                 torch.bitwise_right_shift(x, shift, out=tmp)
                 tmp &= kept
                 x ^= tmp
                 if factor is not None:
                     x.mul_(factor)
-            x ^= ORDER_MIN
+            x ^= flip
             continue
         x &= _M32
         for shift, factor in ((16, _C1), (15, _C2), (16, None)):
