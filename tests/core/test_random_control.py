@@ -518,7 +518,11 @@ def test_order_words_at_the_ends_and_across_the_sign_bit():
        width=st.integers(1, 700), data=st.data())
 def test_row_hash_limits_write_each_rows_prefix_exactly(rows, width, data):
     """With ``limit``, every row's first ``limit`` words are hash32's; the rest are
-    left as they were (a block hashes up to its largest limit, never past it)."""
+    left as they were (a block hashes up to its largest limit, never past it; blocks of
+    8 kB here, so that a few hundred rows make several)."""
+    from unittest import mock
+
+    from attngeom.core import kernels
     from attngeom.core.kernels import hash32, hash32_rows, hashed_positions
 
     keys = hashed_positions(torch.arange(width, dtype=torch.int64))
@@ -530,10 +534,11 @@ def test_row_hash_limits_write_each_rows_prefix_exactly(rows, width, data):
     inside = cols[None, :] < limit[:, None]
     for order, dtype, shift in [(False, torch.int64, 0), (True, torch.int32, 2**31)]:
         out = torch.full((len(rows), width), -7, dtype=dtype)
-        hash32_rows(states, keys, out=out, limit=limit, order=order)
+        with mock.patch.object(kernels, "_HASH_BLOCK_BYTES", 1 << 13):
+            hash32_rows(states, keys, out=out, limit=limit, order=order)
         assert torch.equal(out[inside].to(torch.int64), expected[inside] - shift)
-        # nothing past a row's block maximum is written (blocks of 512 kB)
-        block = max(1, (1 << 19) // out.element_size() // width)
+        # nothing past a row's block maximum is written
+        block = max(1, (1 << 13) // out.element_size() // width)
         for a in range(0, len(rows), block):
             top = int(limit[a : a + block].clamp(max=width).max())
             assert bool((out[a : a + block, top:] == -7).all())

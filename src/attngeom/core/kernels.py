@@ -485,9 +485,9 @@ def hashed_positions(keys: Tensor) -> Tensor:
     return hash32((keys + _GOLDEN) & _M32)
 
 
-# bytes of words hashed per block by ``hash32_rows``: 64 rows of 1024 int64 keys are
-# 512 kB, so the block's in-place passes stay in cache
-_HASH_BLOCK_BYTES = 1 << 19
+# bytes of words hashed per block by ``hash32_rows``: 256 rows of 1024 int64 keys are
+# 2 MB, half of it per thread of two, whose in-place passes stay in their 1 MB caches
+_HASH_BLOCK_BYTES = 1 << 21
 # the lowbias32 rounds as int32 arithmetic: an arithmetic shift copies the sign bit into
 # the top, so the shifted word is masked to the bits a logical shift keeps; a multiply
 # wraps modulo 2**32 as the int64 one does modulo 2**64 (see ``_mul32``)
