@@ -53,6 +53,9 @@ def _cases(tmp):
         (["compare", str(tmp / "no-run-a"), str(tmp / "no-run-b")], "not an attngeom run", True),
         (["report", str(tmp)], "not an attngeom run", True),
         (["check", "--model", "/nonexistent/model"], "no such local directory", False),
+        (["check", "--quantization", "3bit"], "quantization", True),
+        # load_model refuses before it reads a weight (no CUDA here)
+        (["check", "--quantization", "8bit"], "need a CUDA GPU", False),
     ]
 
 

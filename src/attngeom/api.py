@@ -154,16 +154,19 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
     return compare_runs(run_a, run_b)
 
 
-def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float32"):
+def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+          quantization: str = "none"):
     """Run the load-time self-checks on a model; returns what each measured (method §10).
 
     Probabilities sum to one, masked keys are zero, the output under capture equals
     the model's own, every layer is captured, gates of one change nothing and
     removing a head changes the output. Raises ``SelfCheckError`` on a failure.
+    ``quantization`` loads the weights as a run would (``8bit``/``4bit``: CUDA and
+    bitsandbytes), so a quantized model is checked as it will be measured.
     """
     from attngeom.pipeline.checks import run_checks
 
-    return run_checks(model, device=device, dtype=dtype)
+    return run_checks(model, device=device, dtype=dtype, quantization=quantization)
 
 
 def reproduce(study: str | Path, out: str | Path | None = None, *, dry_run: bool = False,

@@ -114,7 +114,7 @@ def _compare(args) -> None:
 def _check_parser(p: argparse.ArgumentParser) -> None:
     from attngeom.config import RunConfig
 
-    _add_config_options(p, RunConfig, only=("model", "device", "dtype"))
+    _add_config_options(p, RunConfig, only=("model", "device", "dtype", "quantization"))
 
 
 def _check(args) -> None:

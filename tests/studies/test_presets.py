@@ -107,9 +107,27 @@ def test_memory_by_hand():
     assert got == pytest.approx(by_hand)
 
 
+def test_quantized_memory_by_hand():
+    # 1e9 parameters of which E = 2 * vocab * hidden = 2e8 stay in bfloat16 (2 bytes),
+    # the other 8e8 at 1 byte (8bit) or 0.5625 (4bit); everything else as unquantized
+    kw = dict(params_b=1.0, layers=1, hidden=1000, kv_dim=1, heads=1, vocab=100_000,
+              window_length=1, batch_size=1, dtype="bfloat16")
+    full = estimate_memory_gb(**kw)
+    rest = full - (2e9 * presets.OVERHEAD_FACTOR / 1e9)  # all but the weights
+    for quantization, q in (("8bit", 1.0), ("4bit", 0.5625)):
+        got = estimate_memory_gb(**kw, quantization=quantization)
+        weights = (2e8 * 2 + 8e8 * q) * presets.OVERHEAD_FACTOR / 1e9
+        assert got == pytest.approx(rest + weights)
+    assert estimate_memory_gb(**kw, quantization="none") == full
+    # the preset's own count passes it through: Mistral-Small-24B as the follow-up ran it
+    p = preset("mistral-small-24b")
+    eight = p.memory_gb(window_length=1024, batch_size=1, quantization="8bit")
+    assert eight < p.memory_gb(window_length=1024, batch_size=1) * 0.6
+
+
 @pytest.mark.parametrize("bad", [
     {"dtype": "int8"}, {"command": "train"}, {"window_length": 0}, {"batch_size": 1.5},
-    {"params_b": -1.0},
+    {"params_b": -1.0}, {"quantization": "3bit"},
 ])
 def test_memory_rejects_bad_arguments(bad):
     kw = dict(params_b=1.0, layers=2, hidden=8, kv_dim=8, heads=2, vocab=10,

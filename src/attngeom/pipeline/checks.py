@@ -36,10 +36,13 @@ class CheckResult:
 def run_checks(model: str | None = None, *, device: str = "cpu",
                dtype: str = "float32", quantization: str = "none") -> CheckResult:
     """Load ``model`` (default: the bundled stories260K) and run every self-check."""
+    from attngeom import validate as v
     from attngeom.assets import DEFAULT_MODEL, asset
     from attngeom.capture import check_model, load_model
     from attngeom.interventions.gates import check_gates
+    from attngeom.names import QUANTIZATIONS
 
+    v.one_of("quantization", quantization, QUANTIZATIONS)  # before any weights are read
     name = model or asset(DEFAULT_MODEL, "--model")
     m, tok = load_model(name, device=device, dtype=dtype, quantization=quantization)
     rep = check_model(m, tok)

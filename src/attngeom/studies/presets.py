@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from attngeom.config import COMMANDS, loss_commands
 from attngeom.errors import ConfigError
-from attngeom.names import DTYPES
+from attngeom.names import DTYPES, QUANTIZATIONS
 
 BYTES_PER_ELEMENT = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 assert set(BYTES_PER_ELEMENT) == set(DTYPES)
@@ -27,6 +27,9 @@ LOSS_COMMANDS = loss_commands()
 GB = 1e9  # decimal gigabytes, as the hub and most device tools print them
 OVERHEAD_FACTOR = 1.10  # allocator fragmentation and small buffers
 RUNTIME_GB = 0.5  # the device runtime's own context, paid once per process
+# bytes per quantized weight: LLM.int8's one byte; nf4's half byte plus a float32 absmax
+# per block of 64 (bitsandbytes' default block; double quantization would shrink it)
+QUANTIZED_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64}
 LOGSOFTMAX_CHUNK = 256  # positions per float64 log-softmax (interventions/perplexity.py)
 
 
@@ -46,7 +49,7 @@ def _positive_int(name: str, value) -> int:
 
 def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int, heads: int,
                        vocab: int, window_length: int, batch_size: int, dtype: str,
-                       command: str = "analyze") -> float:
+                       command: str = "analyze", quantization: str = "none") -> float:
     """Conservative device memory (decimal GB) of one attngeom process on one model.
 
     Shared by the presets and by a study's local models, whose shape is read from their
@@ -55,7 +58,12 @@ def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int
     ``T`` the window length, ``L`` the layers, ``H`` the query heads and ``kv_dim`` =
     kv_heads x head_dim::
 
-        weights  = params_b * 1e9 * b
+        weights  = params_b * 1e9 * b                  quantization "none"
+                 = E * b + (params_b * 1e9 - E) * q     "8bit" (q = 1), "4bit" (q = 0.5625:
+                                                       nf4's half byte and a float32 scale
+                                                       per 64 weights), E = 2 * vocab *
+                                                       hidden the embedding and output
+                                                       head, which stay in ``dtype``
         kv       = 2 * L * B * T * kv_dim * b          keys and values of every layer
         residual = (L + 1) * B * T * hidden * b        the hidden states the capture keeps
         attn     = 2 * B * H * T * T * 4               one layer's float32 scores and
@@ -64,6 +72,9 @@ def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int
                  + B * min(T, 256) * vocab * 8         one float64 log-softmax chunk
         total    = (weights + kv + residual + attn + logits) * 1.10 / 1e9 + 0.5
 
+    bitsandbytes quantizes the linear layers only, so a quantized model keeps its
+    embedding and output head (counted twice, as if untied: the upper side) and its
+    norms (too few to count) in ``dtype``; activations are in ``dtype`` either way.
     The 1.10 covers allocator fragmentation, the 0.5 GB the device runtime. It is an
     upper-side guide for picking a batch size, not a measurement: the backward pass of
     ``prune``'s gradient ranker keeps more activations than the residual term counts.
@@ -78,8 +89,14 @@ def estimate_memory_gb(*, params_b: float, layers: int, hidden: int, kv_dim: int
                         ("heads", heads), ("vocab", vocab), ("window_length", window_length),
                         ("batch_size", batch_size)):
         _positive_int(name, value)
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization: expected one of {', '.join(QUANTIZATIONS)}, got "
+                          f"{quantization!r}")
     B, T = batch_size, window_length
     weights = params_b * 1e9 * b
+    if quantization != "none":
+        embedding = min(2 * vocab * hidden, params_b * 1e9)
+        weights = embedding * b + (params_b * 1e9 - embedding) * QUANTIZED_BYTES[quantization]
     kv = 2 * layers * B * T * kv_dim * b
     residual = (layers + 1) * B * T * hidden * b
     attn = 2 * B * heads * T * T * 4
@@ -121,13 +138,13 @@ class Preset:
         return self.params_b * 1e9 * _bytes(dtype or self.dtype) / GB
 
     def memory_gb(self, *, window_length: int, batch_size: int, dtype: str | None = None,
-                  command: str = "analyze") -> float:
+                  command: str = "analyze", quantization: str = "none") -> float:
         """Device memory of one process, by :func:`estimate_memory_gb` (formula there)."""
         return estimate_memory_gb(
             params_b=self.params_b, layers=self.layers, hidden=self.hidden,
             kv_dim=self.kv_dim, heads=self.heads, vocab=self.vocab,
             window_length=window_length, batch_size=batch_size,
-            dtype=dtype or self.dtype, command=command)
+            dtype=dtype or self.dtype, command=command, quantization=quantization)
 
 
 _META = "gated: accept Meta's community licence on the hub first"

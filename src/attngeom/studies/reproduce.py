@@ -87,7 +87,8 @@ def cell_memory_gb(study: Study, cell: Cell) -> float:
         params_b=shape["params_b"], layers=shape["layers"], hidden=shape["hidden"],
         kv_dim=shape["kv_heads"] * shape["head_dim"], heads=shape["heads"],
         vocab=shape["vocab"], window_length=cell.config.window_length,
-        batch_size=cell.config.batch_size, dtype=cell.config.dtype, command=cell.command)
+        batch_size=cell.config.batch_size, dtype=cell.config.dtype, command=cell.command,
+        quantization=cell.config.quantization)
 
 
 def plan(study: Study):
@@ -101,7 +102,10 @@ def plan(study: Study):
             "model": cell.model, "corpus": cell.corpus, "command": cell.command,
             "analyses": ",".join(getattr(cell.config, "analyses", ())) or "-",
             "windows": _windows(cell), "T": cell.config.window_length,
-            "dtype": cell.config.dtype, "memory_gb": round(cell_memory_gb(study, cell), 2),
+            # the weights' format where quantized: "bfloat16 8bit" computes in bfloat16
+            "dtype": " ".join([cell.config.dtype] + [cell.config.quantization] * (
+                cell.config.quantization != "none")),
+            "memory_gb": round(cell_memory_gb(study, cell), 2),
             "source": m.model if m.available else f"{m.model} (not in the local cache)",
             "directory": str(cell.directory),
         })
