@@ -374,7 +374,7 @@ def restrict_topn(
         # one past each row's last visible key: the random words and the top-n
         # selection skip the columns beyond it
         last = torch.where(visible, torch.arange(shape[3], device=device), -1)
-        reach = last.amax(-1).amax(1) + 1  # (B, Q)
+        reach = (last.amax(-1).amax(1) + 1).expand(shape[0], -1)  # (B, Q), a mask of batch 1 too
         if ranking == "attention":
             scores = torch.where(visible, probs, probs.new_tensor(-1.0),
                                  out=scratch.get("score", shape, torch.float32, device))
