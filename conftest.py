@@ -12,7 +12,7 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # ``--compile auto`` compiles for all-query runs on CPU; the tests pick compilation
-# themselves (tests/pipeline/test_compile_and_budget.py compares the two)
+# themselves (tests/engine/test_compile_and_budget.py compares the two)
 os.environ.setdefault("ATTNGEOM_COMPILE", "0")
 
 
@@ -22,7 +22,7 @@ def _doctest_names(request):
         return
     from attngeom.assets import asset
     from attngeom.capture import load_model
-    from attngeom.pipeline.corpus import make_windows, read_documents
+    from attngeom.corpora.corpus import make_windows, read_documents
 
     import torch
 

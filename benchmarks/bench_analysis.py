@@ -59,9 +59,9 @@ from attngeom.core import kernels  # noqa: E402
 from attngeom.core.batch import ValueStats  # noqa: E402
 from attngeom.core.geometry import topn_metrics  # noqa: E402
 from attngeom.core.queries import query_positions  # noqa: E402
-from attngeom.pipeline.analyses import AnalysisSet  # noqa: E402
-from attngeom.pipeline.stream import stream_windows  # noqa: E402
-from attngeom.pipeline.windows import Window  # noqa: E402
+from attngeom.corpora.windows import Window  # noqa: E402
+from attngeom.engine.analyses import AnalysisSet  # noqa: E402
+from attngeom.engine.stream import stream_windows  # noqa: E402
 
 GRID = (1, 2, 4, 8, 16, 32)
 MODES = {

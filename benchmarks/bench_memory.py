@@ -129,7 +129,7 @@ def point(mode: str, length: int, threads: int) -> dict:
     import torch
     from bench_analysis import Bench, random_llama
 
-    from attngeom.pipeline.stream import chunk_rows
+    from attngeom.engine.stream import chunk_rows
 
     torch.set_num_threads(threads)
     rss_start = _status_kb("VmRSS")

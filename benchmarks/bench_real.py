@@ -59,8 +59,8 @@ class RealCase(Bench):
 
         from attngeom.assets import asset
         from attngeom.capture import load_model, model_layout
-        from attngeom.pipeline.corpus import split_wikitext_articles
-        from attngeom.pipeline.windows import make_windows
+        from attngeom.corpora.corpus import split_wikitext_articles
+        from attngeom.corpora.windows import make_windows
 
         torch.set_num_threads(threads)
         self.model_path = asset("smollm2-135m")

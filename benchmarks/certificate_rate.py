@@ -74,8 +74,8 @@ def rates(alpha: torch.Tensor, values: torch.Tensor, kv_of_head: torch.Tensor,
 def measure(model_name: str, corpus_name: str, length: int, windows: int) -> list[dict]:
     from attngeom.assets import asset
     from attngeom.capture import capture_attention, load_model
-    from attngeom.pipeline.corpus import WIKITEXT_ARTICLES, read_documents
-    from attngeom.pipeline.windows import make_windows
+    from attngeom.corpora.corpus import WIKITEXT_ARTICLES, read_documents
+    from attngeom.corpora.windows import make_windows
 
     model, tokenizer = load_model(asset(model_name))
     # the documents a run reads (WikiText as articles, as make bench-real takes them)

@@ -20,7 +20,7 @@ from attngeom import api
 from attngeom import validate as v
 from attngeom.config import COMMANDS, RunConfig, command, option
 from attngeom.core.protocol import Accumulator
-from attngeom.pipeline.runner import Command
+from attngeom.engine.runner import Command
 from attngeom.results import schemas
 from attngeom.results.io import read_table
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
@@ -89,8 +89,8 @@ class ToySinkShare(Accumulator):
 @pytest.fixture
 def toy_analysis(monkeypatch):
     """The analysis recipe: its tables in results/schemas.py, one register call in
-    pipeline/analyses.py (both undone after the test)."""
-    from attngeom.pipeline import analyses
+    engine/analyses.py (both undone after the test)."""
+    from attngeom.engine import analyses
 
     monkeypatch.setitem(schemas.SCHEMAS, TOY_TABLE,
                         schemas._cols(schemas._ID + "layer:i head:i share:f"))

@@ -12,9 +12,9 @@ import pytest
 
 from attngeom import api
 from attngeom.cli import main
+from attngeom.engine.progress import Progress, final_line
+from attngeom.engine.runner import RunResult
 from attngeom.errors import RunDirError
-from attngeom.pipeline.progress import Progress, final_line
-from attngeom.pipeline.runner import RunResult
 from attngeom.report.text import format_headline, scan_summary
 from attngeom.results.state import LOCK_FILE, STATE_DIR
 from tests.architectures import STORIES_PATH

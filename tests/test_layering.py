@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "attngeom"
 # package -> attngeom subpackages it may import (errors is allowed everywhere). The leaf
 # modules names (shared names) and validate (value checks) import nothing of attngeom and
 # may be imported by any layer; config (the command configurations) and assets (the
-# default files) sit just above them, below pipeline.
+# default files) sit just above them, below the engine.
 LEAVES = {"names", "validate"}
 ALLOWED = {
     "names": set(),
@@ -24,20 +24,26 @@ ALLOWED = {
     "core": {"core"} | LEAVES,
     "capture": {"core", "capture"} | LEAVES,
     "interventions": {"core", "capture", "interventions"} | LEAVES,
-    "pipeline": {"core", "capture", "interventions", "results", "pipeline", "config",
-                 "assets"} | LEAVES,
+    # the window engine: the runner, streaming into accumulators, the run commands
+    "engine": {"core", "capture", "interventions", "results", "engine", "corpora", "config",
+               "assets"} | LEAVES,
+    # corpora, documents and windows (tokenizers through capture's loader)
+    "corpora": {"capture", "corpora", "assets"} | LEAVES,
+    # probes that build their own prompts and run on the engine
+    "probes": {"core", "capture", "interventions", "results", "engine", "corpora", "config",
+               "assets", "probes"} | LEAVES,
     "results": {"results"} | LEAVES,
     "figures": {"results", "figures"} | LEAVES,
     "report": {"results", "figures", "report"} | LEAVES,
     # studies read a model's configuration before any run (capture.inspect_model) and
     # load each model once for all its runs
-    "studies": {"pipeline", "capture", "report", "figures", "results", "config", "assets",
-                "studies"} | LEAVES,
+    "studies": {"engine", "corpora", "probes", "capture", "report", "figures", "results",
+                "config", "assets", "studies"} | LEAVES,
     "cli": {"api", "config"} | LEAVES,
     "__main__": {"cli"},
     # the geometry viewer re-captures rows (capture), cuts a run's windows again
-    # (pipeline, config), reads its tables (results) and draws (figures)
-    "viewer": {"core", "capture", "pipeline", "results", "figures", "config", "viewer"}
+    # (corpora, config), reads its tables (results) and draws (figures)
+    "viewer": {"core", "capture", "corpora", "results", "figures", "config", "viewer"}
     | LEAVES,
 }
 THIRD_PARTY_FORBIDDEN = {
@@ -50,7 +56,9 @@ THIRD_PARTY_FORBIDDEN = {
     "validate": {"torch", "numpy", "pandas"},
     "config": {"torch", "numpy", "pandas"},
     "assets": {"torch", "numpy", "pandas"},
-    "pipeline": {"transformers"},
+    "engine": {"transformers"},
+    "corpora": {"transformers"},
+    "probes": {"transformers"},
 }
 
 

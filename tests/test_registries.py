@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attngeom.config import COMMANDS, AnalysisConfig, loss_commands
+from attngeom.engine.analyses import REGISTRY, AnalysisContext
 from attngeom.names import ANALYSIS_ALIASES, NO_REGIME, REGIMES
-from attngeom.pipeline.analyses import REGISTRY, AnalysisContext
 from attngeom.results import schemas
 from tests.core.batches import assert_columns_equal, batch_of, causal
 

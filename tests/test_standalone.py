@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 REAL_TESTS = [
     "tests/capture/test_real_models.py",
     "tests/capture/test_smollm2.py::test_gguf_file_and_directory_load_the_same_model",
-    "tests/pipeline/test_corpus.py::test_real_tinystories_splits_on_endoftext",
-    "tests/pipeline/test_corpus.py::test_real_wikitext_crlf_is_normalised",
+    "tests/engine/test_corpus.py::test_real_tinystories_splits_on_endoftext",
+    "tests/engine/test_corpus.py::test_real_wikitext_crlf_is_normalised",
 ]
 
 STUDY = """\

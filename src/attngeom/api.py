@@ -4,7 +4,8 @@ Each run function takes the model, corpus and output directory, and any field of
 configuration as a keyword (``attngeom.config``: ``AnalysisConfig``, ``PruneConfig``,
 ``ScanConfig``, ``RestrictConfig``), or a ready ``config``; it returns a ``RunResult``
 (tables as pandas DataFrames, the manifest, where they went). ``model_and_tokenizer``
-reuses a model already in memory. The work itself is in ``attngeom.pipeline``.
+reuses a model already in memory. The work itself is in ``attngeom.engine`` (the runner
+and the run commands), ``attngeom.corpora`` and ``attngeom.probes``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from attngeom.config import (
     ScanConfig,
     command_spec,
 )
-from attngeom.pipeline.compare import Comparison, compare_runs
-from attngeom.pipeline.runner import RunResult, execute, work_of
+from attngeom.engine.compare import Comparison, compare_runs
+from attngeom.engine.runner import RunResult, execute, work_of
 
 __all__ = [
     "AnalysisConfig",
@@ -164,7 +165,7 @@ def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float3
     ``quantization`` loads the weights as a run would (``8bit``/``4bit``: CUDA and
     bitsandbytes), so a quantized model is checked as it will be measured.
     """
-    from attngeom.pipeline.checks import run_checks
+    from attngeom.engine.checks import run_checks
 
     return run_checks(model, device=device, dtype=dtype, quantization=quantization)
 

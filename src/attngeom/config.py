@@ -251,7 +251,7 @@ class RunConfig:
 
 
 @command("analyze", help="top-N geometry, sink, taxonomy, bounds and assumptions of a model",
-         work="attngeom.pipeline.analyze:Analyze",
+         work="attngeom.engine.analyze:Analyze",
          summary="attngeom.report.text:analyze_summary")
 @dataclass(frozen=True)
 class AnalysisConfig(RunConfig):
@@ -391,7 +391,7 @@ def known_rankers() -> tuple[str, ...]:
 
 
 @command("prune", help="keep-fraction pruning sweep per head ranker",
-         work="attngeom.pipeline.interventions:Prune",
+         work="attngeom.engine.loss_runs:Prune",
          summary="attngeom.report.text:prune_summary", loss=True, study="pruning")
 @dataclass(frozen=True)
 class PruneConfig(_InterventionConfig):
@@ -422,7 +422,7 @@ class PruneConfig(_InterventionConfig):
 
 
 @command("scan-heads", help="remove each head alone; find critical heads",
-         work="attngeom.pipeline.interventions:ScanHeads",
+         work="attngeom.engine.loss_runs:ScanHeads",
          summary="attngeom.report.text:scan_summary", run_dir="scan", loss=True,
          study="head_scan")
 @dataclass(frozen=True)
@@ -438,7 +438,7 @@ class ScanConfig(_InterventionConfig):
 
 
 @command("restrict", help="keep only the top-N attention entries per query; N*_tau",
-         work="attngeom.pipeline.interventions:Restrict",
+         work="attngeom.engine.loss_runs:Restrict",
          summary="attngeom.report.text:restrict_summary", loss=True, study="restriction")
 @dataclass(frozen=True)
 class RestrictConfig(_InterventionConfig):
@@ -525,8 +525,8 @@ def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]
 
 # --------------------------------------------------------------------------- issue 31-32
 # The head atlas, the competition probes and the localised restriction as run commands
-# (their work in pipeline/atlas_command.py, pipeline/competition_command.py and
-# pipeline/interventions.py).
+# (their work in probes/atlas_command.py, probes/competition_command.py and
+# engine/loss_runs.py).
 
 
 def _thresholds(value) -> tuple[str, ...]:
@@ -543,7 +543,7 @@ def _thresholds(value) -> tuple[str, ...]:
 
 
 @command("atlas", help="head atlas: the field's head types scored beside the regimes",
-         work="attngeom.pipeline.atlas_command:Atlas",
+         work="attngeom.probes.atlas_command:Atlas",
          summary="attngeom.report.text:atlas_summary", study="atlas")
 @dataclass(frozen=True)
 class AtlasConfig(RunConfig):
@@ -606,7 +606,7 @@ COMPETITION_PROBES = ("qa", "context")
 
 
 @command("competition", help="retrieval under competition: the qa and context probes",
-         work="attngeom.pipeline.competition_command:Competition",
+         work="attngeom.probes.competition_command:Competition",
          summary="attngeom.report.text:competition_summary", loss=True)
 @dataclass(frozen=True)
 class CompetitionConfig(RunConfig):
@@ -744,7 +744,7 @@ def _probe_default(probe: str):
 
 
 @command("competition-qa", help="the qa probe of competition, as a study part",
-         work="attngeom.pipeline.competition_command:Competition",
+         work="attngeom.probes.competition_command:Competition",
          summary="attngeom.report.text:competition_summary", run_dir="qa", loss=True,
          study="qa")
 @dataclass(frozen=True)
@@ -756,7 +756,7 @@ class CompetitionQAConfig(CompetitionConfig):
 
 
 @command("competition-context", help="the context probe of competition, as a study part",
-         work="attngeom.pipeline.competition_command:Competition",
+         work="attngeom.probes.competition_command:Competition",
          summary="attngeom.report.text:competition_summary", run_dir="context", loss=True,
          study="context")
 @dataclass(frozen=True)
@@ -768,7 +768,7 @@ class CompetitionContextConfig(CompetitionConfig):
 
 
 @command("restrict-local", help="localised top-N restriction: one layer, then one head, "
-         "at a time", work="attngeom.pipeline.interventions:Restrict",
+         "at a time", work="attngeom.engine.loss_runs:Restrict",
          summary="attngeom.report.text:restrict_summary", run_dir="restrict-local",
          loss=True, study="local_restriction")
 @dataclass(frozen=True)

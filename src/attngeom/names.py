@@ -61,7 +61,7 @@ REGIME_RULES = ("single", "lumped")
 STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncertain
 
 # --- the analyses of ``attngeom analyze``: their names and tables are declared with the
-# table schemas (``results/schemas.py``), their accumulators in ``pipeline/analyses.py``
+# table schemas (``results/schemas.py``), their accumulators in ``engine/analyses.py``
 ANALYSIS_NEEDS = {"bounds": ("metrics",)}  # the bounds sit beside the measured metrics
 # the names study files used before the analyses had one name everywhere; still accepted
 # (by study files and ``--analyses``) and read as the name on the right

@@ -170,7 +170,7 @@ def test_a_run_passes_it_to_the_loader(tmp_path, capsys):
 
 
 def test_a_study_loads_with_it():
-    from attngeom.pipeline.runner import Distributed
+    from attngeom.engine.runner import Distributed
     from attngeom.studies.reproduce import _load
 
     cfg = AnalysisConfig(model=MODEL, corpus="c", quantization="4bit")

@@ -62,7 +62,7 @@ def test_every_registered_analysis_follows_the_protocol() -> None:
     """Each analysis of the registry: its accumulator computes exactly the tables it
     declares, merge returns the accumulator, and two shards merged equal one run."""
     from attngeom.config import AnalysisConfig
-    from attngeom.pipeline.analyses import REGISTRY, AnalysisContext
+    from attngeom.engine.analyses import REGISTRY, AnalysisContext
     from attngeom.results.schemas import ANALYSES
 
     assert tuple(REGISTRY) == ANALYSES

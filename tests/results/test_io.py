@@ -480,7 +480,7 @@ def test_another_process_write_probe_is_looked_past(tmp_path):
     file it removes at once; a process checking the directory meanwhile must neither
     refuse the run because of it nor delete it (it raced before: "files attngeom did
     not write (.attngeom-write-test.<hex>)")."""
-    from attngeom.pipeline.runner import check_writable
+    from attngeom.engine.runner import check_writable
 
     probe = f"{rio.WRITE_PROBE_PREFIX}{'ab' * 16}"
     new = tmp_path / "new"

@@ -9,8 +9,8 @@ import pytest
 
 from attngeom.capture import load_tokenizer
 from attngeom.config import CompetitionContextConfig
+from attngeom.corpora.documents import check_documents
 from attngeom.errors import CorpusError
-from attngeom.pipeline.documents import check_documents
 from attngeom.studies import reproduce as reproduce_module
 from attngeom.studies.study import load_study
 

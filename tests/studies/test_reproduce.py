@@ -53,7 +53,7 @@ def test_every_cell_ran_and_tables_are_side_by_side(tiny_study):
 
 
 def test_regime_stability_between_corpora_matches_compare(tiny_study):
-    from attngeom.pipeline.compare import compare_runs
+    from attngeom.engine.compare import compare_runs
 
     _, out, _ = tiny_study
     st = read_table(out / "tables", "regime_stability")

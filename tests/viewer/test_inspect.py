@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from attngeom.config import AnalysisConfig
+from attngeom.engine.analyze import run_analysis
 from attngeom.errors import ConfigError, RunDirError
 from attngeom.geometry import topn_metrics
 from attngeom.names import REGIMES
-from attngeom.pipeline.analyze import run_analysis
 from attngeom.results.io import read_table
 from attngeom.viewer import inspect
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH

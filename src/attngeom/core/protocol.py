@@ -13,7 +13,7 @@ bootstrap needs) and calls pure kernels on each ``AttentionBatch``:
   folded into summaries there, and a run's merged state does not grow as windows x T;
 - ``compute()``: ``{table name: {column: array}}`` for every name in ``tables``.
 
-``pipeline/analyses.py`` registers one accumulator per analysis; ``docs/extending.md``
+``engine/analyses.py`` registers one accumulator per analysis; ``docs/extending.md``
 shows how to add one.
 """
 

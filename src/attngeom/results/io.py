@@ -51,7 +51,7 @@ MANIFEST_NAME = "manifest.json"
 PARQUET_COMPRESSION = "zstd"
 
 # an empty file each process of a run writes and removes at once to prove the directory
-# writable (``pipeline/runner.check_writable``); another process of the same run may
+# writable (``engine/runner.check_writable``); another process of the same run may
 # see one while it checks the directory, so directory checks look past it
 WRITE_PROBE_PREFIX = ".attngeom-write-test."
 _PROBE_RE = re.compile(r"^\.attngeom-write-test\.[0-9a-f]{32}$")

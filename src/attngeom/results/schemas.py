@@ -98,18 +98,18 @@ SCHEMAS: dict[str, dict[str, str]] = {
         _ID + "scope:s layer:i head:i ranking:s renormalize:b n:i nll:f delta_nll_rel:f "
         "mean_doc_delta_rel:f rank:i n_windows:i"
     ),
-    # the head atlas (pipeline/atlas.py): the field's head types, one row per head and score
+    # the head atlas (probes/atlas.py): the field's head types, one row per head and score
     "head_scores": _cols(
         _ID + "layer:i head:i score:s value:f threshold:f is_type:b n_samples:i inputs:s seed:i"
     ),
-    # the head atlas beside the regimes (``attngeom atlas``, pipeline/atlas.py)
+    # the head atlas beside the regimes (``attngeom atlas``, probes/atlas.py)
     "atlas_contingency": _cols(
         _ID + "regime:s head_type:s count:i n_regime:i share_of_regime:f share_of_type:f"
     ),
     "atlas_kappa": _cols(_ID + "regime:s head_type:s kappa:f both:i n_heads:i"),
     "atlas_depth": _cols(_ID + "layer:i kind:s name:s count:i n_heads:i share:f"),
     "atlas_fn": _cols(_ID + "head_type:s n:i n_heads:i f_attention:f f_random:f f_gap:f"),
-    # the competition probes (``attngeom competition``, pipeline/competition.py)
+    # the competition probes (``attngeom competition``, probes/competition.py)
     "competition_settings": _cols(_ID + "setting:s value:s"),
     "qa_answers": _cols(
         _ID + "background:i prompt_format:s n_examples:i accuracy:f accuracy_low:f "
@@ -193,7 +193,7 @@ TABLE_NAMES: tuple[str, ...] = tuple(SCHEMAS)
 
 # The analysis of ``attngeom analyze`` that writes each of its tables (the other tables
 # are written by the intervention commands). ``ANALYSES`` lists the analyses in the
-# order they run; ``pipeline/analyses.py`` registers an accumulator for each.
+# order they run; ``engine/analyses.py`` registers an accumulator for each.
 WRITTEN_BY = {
     "metrics": "metrics", "summary": "metrics", "sink": "sink", "sink_tokens": "sink",
     "taxonomy": "taxonomy", "bounds": "bounds", "assumptions": "assumptions",

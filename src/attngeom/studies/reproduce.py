@@ -142,7 +142,7 @@ def _finished(directory: Path, cell: Cell) -> bool:
 
 
 def _check_out(out: Path, study: Study, overwrite: bool) -> None:
-    from attngeom.pipeline.runner import check_writable
+    from attngeom.engine.runner import check_writable
 
     if out.exists() and not out.is_dir():
         raise RunDirError(f"expected a study directory, got {out} (a file)")
@@ -213,7 +213,7 @@ def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool
     fails in one line at once, not hours in, after the models before it ran. One
     tokenizer per model, loaded without weights."""
     from attngeom.capture import load_tokenizer
-    from attngeom.pipeline.documents import check_documents
+    from attngeom.corpora.documents import check_documents
 
     tokenizers: dict = {}
     for cell in study.cells:
@@ -230,7 +230,7 @@ def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool
 
 
 def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> list[dict]:
-    from attngeom.pipeline.runner import Distributed, execute, work_of
+    from attngeom.engine.runner import Distributed, execute, work_of
     from attngeom.results.state import run_states
 
     done = []
@@ -274,7 +274,7 @@ def _load(cfg, dist):
 
 
 def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
-    from attngeom.pipeline.compare import compare_runs
+    from attngeom.engine.compare import compare_runs
     from attngeom.results.io import available_tables, read_table, write_table
     from attngeom.studies import combine, references
 

@@ -36,7 +36,7 @@ only to the runs whose configuration has that option.
 
 The analyses carry the names of the command line and the tables (``metrics``, ``sink``,
 ``taxonomy``, ``bounds``, ``assumptions``: every analysis registered in
-``pipeline/analyses.py``); ``geometry`` and ``diagnostics``, their names in older study
+``engine/analyses.py``); ``geometry`` and ``diagnostics``, their names in older study
 files, are read as ``metrics`` and ``assumptions`` (``names.ANALYSIS_ALIASES``). The
 commands a study runs are those declared with a ``study`` name (``config.COMMANDS``).
 """
@@ -488,7 +488,7 @@ def _corpora(ck: _Checker, table: dict) -> dict:
                            "wikitext-103, wikitext-2, openwebtext)", "corpora", label)
         corpus = _resolve_location(ck, entry["corpus"], "corpora", label, "corpus")
         local = Path(corpus).expanduser()
-        from attngeom.pipeline.corpus import DATASETS
+        from attngeom.corpora.corpus import DATASETS
 
         if not local.exists() and corpus.partition(":")[0].lower() not in DATASETS:
             raise ck.error(f"corpus {corpus!r}: no such file, and not one of the datasets "

@@ -8,7 +8,7 @@ from what the run recorded:
 - ``manifest.json``'s ``config``: the model, the corpus and how it was cut into
   windows (``window_length``, ``start_window``, ``windows_per_document``,
   ``sample_documents``, ``seed``, text column, separator, document boundaries), so
-  window i is the same tokens as in the run (``pipeline.runner.load_windows``);
+  window i is the same tokens as in the run (``corpora.documents.load_windows``);
   ``query_mode`` gives the analysed query (``final``: the last content token);
 - ``taxonomy.parquet``: the head's regime as the run labelled it.
 
@@ -201,7 +201,7 @@ def run_config(manifest: dict):
 
 def run_window(run: Path, manifest: dict, tokenizer, window: int | None) -> RunWindow:
     """Window ``window`` of the run (default: its first), cut again as the run cut it."""
-    from attngeom.pipeline.runner import load_windows
+    from attngeom.corpora.documents import load_windows
 
     config = run_config(manifest)
     corpus_meta = manifest.get("corpus") or {}

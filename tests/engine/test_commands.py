@@ -12,8 +12,8 @@ from attngeom.config import AnalysisConfig
 from attngeom.core.accumulators import TopNAccumulator, TopNConfig
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.geometry import causal_visibility
+from attngeom.engine.analyze import run_analysis
 from attngeom.errors import ConfigError, RunDirError
-from attngeom.pipeline.analyze import run_analysis
 from attngeom.results.io import read_table, write_manifest
 from tests.architectures import STORIES_PATH, WIKITEXT_PATH, minilm_path
 

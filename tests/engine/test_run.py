@@ -15,8 +15,8 @@ from attngeom import api
 from attngeom.assets import asset
 from attngeom.cli import main
 from attngeom.config import AnalysisConfig
+from attngeom.engine.analyze import run_analysis
 from attngeom.errors import ConfigError, CorpusError, ModelError, RunDirError
-from attngeom.pipeline.analyze import run_analysis
 from attngeom.results.io import read_manifest, read_table
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH, WIKITEXT_PATH, minilm_path
 
@@ -185,8 +185,8 @@ def test_encoder_queries_are_content_positions(tmp_path) -> None:
     """SPEC 2: no analysed query of an encoder is [CLS] or [SEP], including the [SEP]s
     that join documents inside a window; final is the last content token."""
     from attngeom.capture import load_tokenizer
-    from attngeom.pipeline.runner import load_windows
-    from attngeom.pipeline.stream import window_rows
+    from attngeom.corpora.documents import load_windows
+    from attngeom.engine.stream import window_rows
 
     tok = load_tokenizer(minilm_path())
     for mode in ("final", "all", "stride:3"):

@@ -12,7 +12,8 @@ from architectures import make_model
 from attngeom.assets import asset
 from attngeom.capture import load_tokenizer
 from attngeom.errors import ConfigError
-from attngeom.pipeline.context_sweep import (
+from attngeom.interventions.selection import restriction
+from attngeom.probes.context_sweep import (
     _replicate_nstar,
     context_sweep,
     document_nll,
@@ -20,8 +21,7 @@ from attngeom.pipeline.context_sweep import (
     nested_suffixes,
     sweep_windows,
 )
-from attngeom.pipeline.qa_probe import Selection
-from attngeom.pipeline.selection import restriction
+from attngeom.probes.qa_probe import Selection
 
 
 def _windows(d: int = 4, t: int = 64, seed: int = 0) -> list[torch.Tensor]:

@@ -9,8 +9,8 @@ import torch
 
 from attngeom.capture import model_layout
 from attngeom.config import AnalysisConfig
-from attngeom.pipeline.stream import stream_windows
-from attngeom.pipeline.windows import Window
+from attngeom.corpora.windows import Window
+from attngeom.engine.stream import stream_windows
 from tests.architectures import TEST_LENGTH, make_model
 
 

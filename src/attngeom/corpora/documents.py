@@ -29,6 +29,7 @@ manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,8 +37,8 @@ from pathlib import Path
 
 import torch
 
+from attngeom.corpora.windows import Window
 from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline.windows import Window
 
 __all__ = [
     "DocumentProtocol", "eligible", "document_order", "fixed_windows", "initial_token",
@@ -212,11 +213,9 @@ def protocol_windows(config, tokenizer, docs: Sequence[str], info, *, n_windows=
     and ``n_windows`` slice the ``n_documents`` windows (shards); ``info`` gains the
     protocol's record (``CorpusInfo.document_protocol``) for the manifest.
     """
-    import dataclasses
-
     from attngeom.capture.loading import inspect_model
-    from attngeom.pipeline.labels import label_of
-    from attngeom.pipeline.windows import BoundaryPolicy
+    from attngeom.corpora.labels import label_of
+    from attngeom.corpora.windows import BoundaryPolicy
 
     shape = inspect_model(config.model) or {}
     dataset = config.corpus_label or label_of(config.corpus)
@@ -242,7 +241,7 @@ def protocol_windows(config, tokenizer, docs: Sequence[str], info, *, n_windows=
 
 def config_documents(config):
     """``(documents, CorpusInfo)`` of a run's corpus, read with the run's options."""
-    from attngeom.pipeline.corpus import read_documents
+    from attngeom.corpora.corpus import read_documents
 
     return read_documents(config.corpus, text_column=config.text_column,
                           separator=config.separator, sample=config.sample_documents,
@@ -253,7 +252,7 @@ def probe_documents(corpus: str | None) -> tuple[list[str], str]:
     """The competition probes' documents and corpus label: WikiText-2's test articles
     (the bundled asset, split at article headings) for ``None``, else the corpus as
     ``read_documents`` reads it."""
-    from attngeom.pipeline.corpus import WIKITEXT_ARTICLES, read_documents
+    from attngeom.corpora.corpus import WIKITEXT_ARTICLES, read_documents
 
     if corpus is None:
         from attngeom.assets import asset
@@ -290,7 +289,7 @@ def check_documents(config, tokenizer) -> None:
     if getattr(config, "probe", None) != "context":
         return
     from attngeom.capture.loading import inspect_model
-    from attngeom.pipeline.labels import label_of
+    from attngeom.corpora.labels import label_of
 
     docs, name = probe_documents(probe_corpus(config.corpus))
     shape = inspect_model(config.model) or {}
@@ -298,3 +297,35 @@ def check_documents(config, tokenizer) -> None:
                   seed=config.seed, dataset=name, model_id=config.model_label
                   or label_of(config.model), config_bos=shape.get("bos_token_id"),
                   name=name)
+
+
+def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
+    """Read the corpus and cut it into windows of ``config.window_length`` tokens.
+
+    Returns ``(windows, corpus_info, policy)``; ``policy`` is the document-boundary
+    policy (method §10) the windows follow.
+    """
+    from attngeom.corpora.windows import boundary_policy, document_windows, make_windows
+
+    policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
+    docs, info = config_documents(config)
+    if getattr(config, "document_protocol", "stream") == "fixed":
+        return protocol_windows(config, tokenizer, docs, info, n_windows=n_windows,
+                                start_window=start_window)
+    n = config.windows_needed if n_windows is None else n_windows
+    start = config.start_window if start_window is None else start_window
+    name = getattr(info, "name", None)
+    if config.windows_per_document:
+        windows, short = document_windows(
+            docs, tokenizer, config.window_length, config.windows_per_document,
+            n_windows=n, start_window=start, policy=policy, name=name)
+        info = dataclasses.replace(info, documents_too_short=short)
+    else:
+        windows = make_windows(docs, tokenizer, config.window_length, n_windows=n,
+                               start_window=start, policy=policy, name=name)
+    if not windows:
+        raise CorpusError(
+            f"corpus {config.corpus} gives no window of {config.window_length} tokens "
+            f"from window {config.start_window} on"
+        )
+    return windows, info, policy

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from attngeom.config import AnalysisConfig
+from attngeom.engine.runner import Command, RunContext, units_of
 from attngeom.errors import ConfigError
 from attngeom.interventions import sweeps
 from attngeom.interventions.perplexity import NLLResult
 from attngeom.interventions.rankers import DEFAULT_ORDER, RANKERS, add_stats
-from attngeom.pipeline.runner import Command, RunContext, units_of
 
 
 def _stack(windows) -> torch.Tensor:
@@ -149,7 +149,7 @@ class Prune(Command):
     """Rank heads on the ranking windows, then prune by keep fraction on the others."""
 
     def run(self, ctx: RunContext) -> dict:
-        from attngeom.pipeline.analyze import analyze_windows
+        from attngeom.engine.analyze import analyze_windows
 
         cfg = ctx.config
         rank, ev = _split(ctx, cfg.n_rank_windows)

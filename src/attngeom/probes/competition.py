@@ -1,12 +1,12 @@
 """``competition(model, probe=...)``: the two probes of issue 31 as long tables.
 
-- ``probe="qa"``: generated bAbI qa1 episodes (``attngeom.pipeline.qa``) with 0 / 256 /
+- ``probe="qa"``: generated bAbI qa1 episodes (``attngeom.probes.qa``) with 0 / 256 /
   512 / 1024 tokens of corpus background (or real BABILong rows from ``babilong``), the
   answers, the competence screen, the support statistics at the answer query and N*
-  per selection (``attngeom.pipeline.qa_probe``);
+  per selection (``attngeom.probes.qa_probe``);
 - ``probe="context"``: nested windows of several lengths from the fixed-length document
   protocol, N* per length under tail128 and all-token scoring, the document bootstrap
-  and the log-log slope (``attngeom.pipeline.context_sweep``).
+  and the log-log slope (``attngeom.probes.context_sweep``).
 
 Both return ``{table name: DataFrame}`` plus ``competition_settings`` (one row per
 setting: the prompt format actually used, the candidate scoring rule, the corpus, the
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attngeom.corpora.documents import probe_documents
 from attngeom.errors import ConfigError
-from attngeom.pipeline.documents import probe_documents
-from attngeom.pipeline.qa_probe import Selection
+from attngeom.probes.qa_probe import Selection
 
 PROBES = ("qa", "context")
 DEFAULT_SELECTIONS = (Selection("attention", False),)
@@ -76,7 +76,7 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
                    babilong=babilong,
                    positional=positional, taus=qa_taus, grid_max=grid_max, extend=extend,
                    nstar=nstar, n_boot=n_boot, progress=progress)
-    from attngeom.pipeline.context_sweep import context_sweep, sweep_windows
+    from attngeom.probes.context_sweep import context_sweep, sweep_windows
 
     docs, corpus_name = probe_documents(corpus)
     windows, record = sweep_windows(docs, tokenizer, lengths, n_documents=n_documents,
@@ -103,8 +103,8 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
 def _qa(model, tokenizer, name, layout, *, corpus, seed, selections, backgrounds,
         n_episodes, facts, prompt_format, answer_prefix, babilong, positional, taus,
         grid_max, extend, nstar, n_boot, progress) -> dict:
-    from attngeom.pipeline import qa
-    from attngeom.pipeline.qa_probe import qa_probe
+    from attngeom.probes import qa
+    from attngeom.probes.qa_probe import qa_probe
 
     if prompt_format == "auto":
         prompt_format = "chat" if getattr(tokenizer, "chat_template", None) else "plain"

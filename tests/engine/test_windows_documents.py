@@ -1,4 +1,4 @@
-"""The follow-up's fixed-length document protocol (pipeline/documents.py).
+"""The follow-up's fixed-length document protocol (corpora/documents.py).
 
 Golden hashes by hand, properties of the pure functions with ``hypothesis`` against a
 slow reference written from the paper's text (App. B.2), then the real stories260K
@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 
 from attngeom.assets import asset
 from attngeom.config import AnalysisConfig, RestrictConfig
-from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline.corpus import read_documents
-from attngeom.pipeline.documents import (
+from attngeom.corpora.corpus import read_documents
+from attngeom.corpora.documents import (
     MASK63,
     document_order,
     eligible,
@@ -28,6 +27,7 @@ from attngeom.pipeline.documents import (
     protocol_hash,
     window_offset,
 )
+from attngeom.errors import ConfigError, CorpusError
 
 STORIES = Path(asset("stories260K"))
 TINYSTORIES = Path(asset("tinystories"))
@@ -243,7 +243,7 @@ def test_config_options():
 
 
 def test_runner_uses_the_protocol_and_records_it(stories_tok):
-    from attngeom.pipeline.runner import load_windows
+    from attngeom.corpora.documents import load_windows
 
     cfg = AnalysisConfig(model=str(STORIES), corpus=str(TINYSTORIES), window_length=48,
                          document_protocol="fixed", n_documents=6, n_windows=0, seed=2027,

@@ -51,7 +51,7 @@ A sampled corpus's ``CorpusInfo`` records ``sample``, ``seed``, the source's
 the source's sha256, the seed, k and the sampled documents' sha256 in order, so it
 differs whenever the sample does. Without ``sample`` nothing changes.
 
-Windows are cut from the documents by ``make_windows`` (``attngeom.pipeline.windows``,
+Windows are cut from the documents by ``make_windows`` (``attngeom.corpora.windows``,
 re-exported here).
 """
 
@@ -66,8 +66,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from attngeom.corpora.windows import Window, make_windows, window_fingerprint
 from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline.windows import Window, make_windows, window_fingerprint
 
 __all__ = [
     "DATASETS",

@@ -66,7 +66,7 @@ def test_atlas_cli_equals_api_and_thresholds_change_labels(atlas_run, tmp_path) 
     assert main(["atlas", "--model", str(STORIES_PATH), "--corpus", str(TINYSTORIES_PATH),
                  *ATLAS_ARGV, "--out", str(cli), "--quiet"]) == 0
     _same_tables(atlas_run.out_dir, cli)
-    from attngeom.pipeline.atlas_command import with_thresholds
+    from attngeom.probes.atlas_command import with_thresholds
 
     scores = atlas_run["head_scores"]
     loose = with_thresholds(scores, ("previous_token=0",))

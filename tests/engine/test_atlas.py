@@ -10,7 +10,7 @@ import torch
 
 from attngeom.core.head_scores import HEAD_TYPES
 from attngeom.errors import ConfigError
-from attngeom.pipeline.atlas import CUE, corpus_scores, head_atlas, make_needles, side_by_side
+from attngeom.probes.atlas import CUE, corpus_scores, head_atlas, make_needles, side_by_side
 from attngeom.results.schemas import SCHEMAS
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
 
@@ -24,8 +24,8 @@ def stories():
 
 @pytest.fixture(scope="module")
 def windows(stories):
-    from attngeom.pipeline.corpus import read_documents
-    from attngeom.pipeline.windows import make_windows
+    from attngeom.corpora.corpus import read_documents
+    from attngeom.corpora.windows import make_windows
 
     docs, _ = read_documents(str(TINYSTORIES_PATH), max_documents=60)
     return make_windows(docs, stories[1], 96, n_windows=3)
@@ -223,7 +223,7 @@ def test_teacher_forced_steps_are_greedy_decoding(stories, windows) -> None:
     the needle (no departure: every step from the forced forward)."""
     import inspect
 
-    from attngeom.pipeline import atlas as at
+    from attngeom.probes import atlas as at
 
     model, tok = stories
     cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters

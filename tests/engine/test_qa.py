@@ -15,9 +15,9 @@ from attngeom.assets import asset
 from attngeom.capture import load_model, load_tokenizer
 from attngeom.core.support import support_statistics
 from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline import qa
-from attngeom.pipeline.qa_probe import Selection, full_pass, qa_probe
-from attngeom.pipeline.selection import positional_keep, positional_restriction, restriction
+from attngeom.interventions.selection import positional_keep, positional_restriction, restriction
+from attngeom.probes import qa
+from attngeom.probes.qa_probe import Selection, full_pass, qa_probe
 
 BACKGROUND_TEXT = " ".join(
     f"The old clock number {i} ticked on the wall of the quiet room. "
@@ -264,7 +264,7 @@ def test_chat_candidates_open_the_assistant_turn(smol_tokenizer) -> None:
 
 
 def test_competition_entry_point(stories, tmp_path) -> None:
-    from attngeom.pipeline.competition import competition
+    from attngeom.probes.competition import competition
 
     model, tok = stories
     frames = competition(model, "qa", tokenizer=tok, backgrounds=(0,), n_episodes=2,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from attngeom.core.queries import query_positions
+from attngeom.corpora.windows import boundary_policy, make_windows
 from attngeom.errors import ConfigError
-from attngeom.pipeline.windows import boundary_policy, make_windows
 
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "bird", "sang",
          ".", "once", "upon", "time")

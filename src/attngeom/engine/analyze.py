@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from attngeom.pipeline.analyses import AnalysisContext, AnalysisSet
-from attngeom.pipeline.progress import say
-from attngeom.pipeline.runner import Command, RunContext, units_of
-from attngeom.pipeline.stream import StreamStats, grid_report, stream_windows
+from attngeom.engine.analyses import AnalysisContext, AnalysisSet
+from attngeom.engine.progress import say
+from attngeom.engine.runner import Command, RunContext, units_of
+from attngeom.engine.stream import StreamStats, grid_report, stream_windows
 
 
 def special_ids(tokenizer, policy) -> tuple[int, ...]:
@@ -76,6 +76,6 @@ class Analyze(Command):
 
 def run_analysis(config, out=None, **kwargs):
     """``execute(Analyze(), config, out, ...)``: an analysis run from a configuration."""
-    from attngeom.pipeline.runner import execute
+    from attngeom.engine.runner import execute
 
     return execute(Analyze(), config, out, **kwargs)

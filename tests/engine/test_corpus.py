@@ -18,15 +18,15 @@ import pytest
 import torch
 
 from attngeom.assets import asset
-from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline.corpus import (
+from attngeom.corpora.corpus import (
     CorpusInfo,
     Window,
     make_windows,
     read_documents,
     window_fingerprint,
 )
-from attngeom.pipeline.windows import special_token_frame
+from attngeom.corpora.windows import special_token_frame
+from attngeom.errors import ConfigError, CorpusError
 
 TINYSTORIES = Path(asset("tinystories"))
 WIKI_LF = Path(asset("wikitext-2-test"))
@@ -226,7 +226,7 @@ def test_offline_dataset_fails_fast_without_offline_env(tmp_path):
            if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache
     code = (
-        "from attngeom.pipeline.corpus import read_documents\n"
+        "from attngeom.corpora.corpus import read_documents\n"
         "from attngeom.errors import CorpusError\n"
         "try:\n    read_documents('openwebtext')\n"
         "except CorpusError as e:\n    print('CorpusError:', e)\n"
@@ -314,7 +314,7 @@ def test_windows_llama_bos_at_every_document_start(stories_tok, tinystories):
 def test_override_eos_reproduces_the_separator_joined_windows(stories_tok, tinystories):
     """--doc-boundary eos: the tokenizer's own BOS frame, documents joined with EOS (how
     the first release cut windows, kept to compare)."""
-    from attngeom.pipeline.windows import boundary_policy
+    from attngeom.corpora.windows import boundary_policy
 
     docs, _ = tinystories
     policy = boundary_policy(stories_tok, "eos")
@@ -417,7 +417,7 @@ def test_window_repr_and_fingerprint_types():
 
 
 def test_document_windows_start_at_documents_and_skip_short_ones(stories_tok, minilm_tok):
-    from attngeom.pipeline.windows import document_windows, make_windows
+    from attngeom.corpora.windows import document_windows, make_windows
 
     docs, _ = read_documents(str(TINYSTORIES), max_documents=40)
     docs = docs[:5] + ["Too short.", "Also short."] + docs[5:]

@@ -204,8 +204,8 @@ def test_resumed_shards_are_read_one_unit_at_a_time(tmp_path, monkeypatch):
     """A resumed run checks every shard up front but unpickles each as its unit comes,
     so it holds one unit's state at a time (not every finished unit's at once)."""
     import attngeom.results.state as state
-    from attngeom.pipeline.runner import RunContext, units_of
-    from attngeom.pipeline.windows import Window
+    from attngeom.corpora.windows import Window
+    from attngeom.engine.runner import RunContext, units_of
     from attngeom.results.state import ShardStore
 
     windows = [Window(i, None) for i in range(4)]
@@ -230,8 +230,8 @@ def test_resumed_shards_are_read_one_unit_at_a_time(tmp_path, monkeypatch):
 
 
 def test_a_shard_damaged_after_the_check_stops_the_run(tmp_path):
-    from attngeom.pipeline.runner import RunContext, units_of
-    from attngeom.pipeline.windows import Window
+    from attngeom.corpora.windows import Window
+    from attngeom.engine.runner import RunContext, units_of
     from attngeom.results.state import ShardStore
 
     windows = [Window(i, None) for i in range(2)]

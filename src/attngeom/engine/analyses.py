@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from attngeom.core.batch import AttentionBatch
 from attngeom.core.protocol import Accumulator
-from attngeom.pipeline import tables as tb
+from attngeom.engine import tables as tb
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import torch
 from attngeom.capture import capture_attention, model_layout
 from attngeom.config import AnalysisConfig
 from attngeom.core.geometry import topn_metrics
-from attngeom.pipeline.analyses import AnalysisSet
-from attngeom.pipeline.stream import stream_windows
-from attngeom.pipeline.windows import Window
+from attngeom.corpora.windows import Window
+from attngeom.engine.analyses import AnalysisSet
+from attngeom.engine.stream import stream_windows
 from tests.architectures import ARCHITECTURES, TEST_LENGTH, make_model
 
 GRID = (1, 2, 4)

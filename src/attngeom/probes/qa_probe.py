@@ -34,7 +34,8 @@ from attngeom.capture import capture_attention, input_device, model_layout
 from attngeom.core.stats import bootstrap_mean_ci
 from attngeom.core.support import STATISTICS, contribution_scores, support_statistics
 from attngeom.errors import ConfigError
-from attngeom.pipeline.qa import (
+from attngeom.interventions.selection import check_ranking, restriction
+from attngeom.probes.qa import (
     Candidates,
     QAExample,
     answer_loss,
@@ -44,7 +45,6 @@ from attngeom.pipeline.qa import (
     screen,
     stable_nstar,
 )
-from attngeom.pipeline.selection import check_ranking, restriction
 
 SCORES = ("attention", "contribution")
 SPLITS = ("all", "correct", "incorrect")

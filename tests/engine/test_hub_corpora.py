@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from attngeom.assets import asset
-from attngeom.errors import ConfigError, CorpusError
-from attngeom.pipeline.corpus import (
+from attngeom.corpora.corpus import (
     WIKITEXT_ARTICLES,
     CorpusInfo,
     document_sha256,
@@ -32,6 +31,7 @@ from attngeom.pipeline.corpus import (
     sample_documents,
     split_wikitext_articles,
 )
+from attngeom.errors import ConfigError, CorpusError
 
 INFO_KEYS = ["name", "path", "sha256", "n_documents", "n_characters"]
 
@@ -128,7 +128,7 @@ def test_absent_offline_names_the_cache_from_hf_home(tmp_path):
     """In a fresh process the cache path comes from HF_HOME, as ``datasets`` derives it."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_CACHE", "HF_HOME")}
     env["HF_HOME"] = str(tmp_path / "home")
-    code = ("from attngeom.pipeline.corpus import read_documents\n"
+    code = ("from attngeom.corpora.corpus import read_documents\n"
             "try:\n    read_documents('wikitext-103')\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -248,7 +248,7 @@ def test_sample_ignores_reading_order_and_takes_hashes():
 
 
 def test_sample_same_in_another_process():
-    code = ("from attngeom.pipeline.corpus import sample_documents\n"
+    code = ("from attngeom.corpora.corpus import sample_documents\n"
             f"print(sample_documents({DOCS!r}, 12, seed=42))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PYTHONHASHSEED": "123"})

@@ -406,7 +406,7 @@ def _babilong_rows(source: str | Path | None, length: str, task: str) -> list[di
     try:
         import datasets
 
-        from attngeom.pipeline.corpus import _hub_offline
+        from attngeom.corpora.corpus import _hub_offline
     except ImportError:
         raise CorpusError("BABILong needs the 'datasets' package or a local .jsonl file"
                           ) from None

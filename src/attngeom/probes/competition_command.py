@@ -12,14 +12,14 @@ probe used (the prompt format chosen by ``auto``, the candidate scoring rule, ..
 
 from __future__ import annotations
 
+from attngeom.corpora.documents import probe_corpus
+from attngeom.engine.progress import say
+from attngeom.engine.runner import Command, RunContext
 from attngeom.errors import ConfigError
-from attngeom.pipeline.documents import probe_corpus
-from attngeom.pipeline.progress import say
-from attngeom.pipeline.runner import Command, RunContext
 
 
 def selections(cfg) -> tuple:
-    from attngeom.pipeline.qa_probe import Selection
+    from attngeom.probes.qa_probe import Selection
 
     return tuple(Selection(r, bool(f)) for r in cfg.rankings for f in cfg.renormalize)
 
@@ -28,7 +28,7 @@ class Competition(Command):
     """The qa or context probe; tables as ``competition`` returns them, labelled."""
 
     def run(self, ctx: RunContext) -> dict:
-        from attngeom.pipeline.competition import competition
+        from attngeom.probes.competition import competition
 
         cfg = ctx.config
         if not ctx.layout.is_causal:

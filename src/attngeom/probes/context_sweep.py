@@ -1,7 +1,7 @@
 """How N* grows with context: nested windows of several lengths (follow-up Sec. 3.2, B.3).
 
 Each document gives one window of the longest length L_max by the fixed-length
-protocol (``attngeom.pipeline.documents.fixed_windows``: the initial token and
+protocol (``attngeom.corpora.documents.fixed_windows``: the initial token and
 L_max - 1 content tokens at a hashed offset). A shorter length L keeps the initial token
 and the last L - 1 content tokens of that window, so every length ends at the same token
 and the final targets are the same text at every L:
@@ -34,9 +34,9 @@ import torch.nn.functional as F
 
 from attngeom.capture import input_device
 from attngeom.errors import ConfigError
-from attngeom.pipeline.qa import stable_nstar
-from attngeom.pipeline.qa_probe import Selection
-from attngeom.pipeline.selection import check_ranking, restriction
+from attngeom.interventions.selection import check_ranking, restriction
+from attngeom.probes.qa import stable_nstar
+from attngeom.probes.qa_probe import Selection
 
 TAIL = 128
 SCORINGS = ("tail", "all")
@@ -81,7 +81,7 @@ def sweep_windows(documents: Sequence[str], tokenizer, lengths: Sequence[int], *
 
     Returns ``(length -> (D, L) ids, DocumentProtocol record)``.
     """
-    from attngeom.pipeline.documents import fixed_windows
+    from attngeom.corpora.documents import fixed_windows
 
     lengths = check_lengths(lengths, tail)
     windows, record = fixed_windows(documents, tokenizer, lengths[-1],

@@ -23,8 +23,8 @@ import torch
 
 from attngeom.config import AnalysisConfig
 from attngeom.core import kernels
-from attngeom.pipeline.analyze import run_analysis
-from attngeom.pipeline.stream import chunk_rows, half_budget
+from attngeom.engine.analyze import run_analysis
+from attngeom.engine.stream import chunk_rows, half_budget
 from tests.architectures import STORIES_PATH
 
 # all queries, both universes, the random control (hashing) and every analysis
@@ -158,7 +158,7 @@ def test_compile_choice_is_validated_and_auto_follows_the_rows(monkeypatch) -> N
 def test_auto_compile_weighs_the_runs_windows_not_a_batchs(stories, monkeypatch, tmp_path):
     """``final`` queries under ``--compile auto``: the stream is told the whole run's
     window count (here 3, in batches of one), which decides whether to compile."""
-    import attngeom.pipeline.stream as stream
+    import attngeom.engine.stream as stream
 
     seen = []
     real = stream.resolve_compile

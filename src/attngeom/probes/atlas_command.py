@@ -1,4 +1,4 @@
-"""``attngeom atlas``: the head atlas of issue 32 as a run (``pipeline/atlas.py`` does the
+"""``attngeom atlas``: the head atlas of issue 32 as a run (``probes/atlas.py`` does the
 scoring).
 
 One run computes, on the same corpus windows, the analysis' taxonomy and head-level
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import fields
 
 from attngeom.config import AnalysisConfig, RunConfig
+from attngeom.engine.progress import say
+from attngeom.engine.runner import Command, RunContext
 from attngeom.errors import ConfigError
-from attngeom.pipeline.progress import say
-from attngeom.pipeline.runner import Command, RunContext
 
 
 def analysis_config(cfg) -> AnalysisConfig:
@@ -59,8 +59,8 @@ class Atlas(Command):
     """Head scores of every head and the regime x head type tables (issue 32)."""
 
     def run(self, ctx: RunContext) -> dict:
-        from attngeom.pipeline.analyze import analyze_windows
-        from attngeom.pipeline.atlas import head_atlas, side_by_side
+        from attngeom.engine.analyze import analyze_windows
+        from attngeom.probes.atlas import head_atlas, side_by_side
 
         cfg = ctx.config
         if not ctx.layout.is_causal:

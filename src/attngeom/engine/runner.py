@@ -18,14 +18,13 @@
 6. each table is written atomically, then the manifest, then the shards go
    (``attngeom.results``).
 
-A command is a ``Command`` subclass (``pipeline/analyze.py``,
-``pipeline/interventions.py``); the API (``attngeom.api``) builds a configuration and
+A command is a ``Command`` subclass (``engine/analyze.py``,
+``engine/loss_runs.py``); the API (``attngeom.api``) builds a configuration and
 calls ``execute``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import uuid
@@ -34,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attngeom.errors import ConfigError, CorpusError, RunDirError
-from attngeom.pipeline.labels import label_of
+from attngeom.corpora.labels import label_of
+from attngeom.errors import ConfigError, RunDirError
 
 
 @dataclass
@@ -55,7 +54,7 @@ class RunResult:
 
     def headline(self):
         """F_N by rule and N over all heads (``None`` without a summary table)."""
-        from attngeom.pipeline.tables import headline
+        from attngeom.engine.tables import headline
 
         return headline(self.tables["summary"]) if "summary" in self.tables else None
 
@@ -157,7 +156,7 @@ class RunContext:
         ``self.pending`` holds the weight this process will compute in the stage (set
         before the first ``process`` call).
         """
-        from attngeom.pipeline.progress import Progress
+        from attngeom.engine.progress import Progress
 
         store, dist = self.store, self.dist
         done, damaged = set(), []
@@ -292,41 +291,6 @@ def prepare_output(out, command: str, fingerprint: str, overwrite: bool,
     return check_writable(Path(out))
 
 
-def load_windows(config, tokenizer, *, n_windows=None, start_window=None):
-    """Read the corpus and cut it into windows of ``config.window_length`` tokens.
-
-    Returns ``(windows, corpus_info, policy)``; ``policy`` is the document-boundary
-    policy (method §10) the windows follow.
-    """
-    from attngeom.pipeline.documents import config_documents
-    from attngeom.pipeline.windows import boundary_policy, document_windows, make_windows
-
-    policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
-    docs, info = config_documents(config)
-    if getattr(config, "document_protocol", "stream") == "fixed":
-        from attngeom.pipeline.documents import protocol_windows
-
-        return protocol_windows(config, tokenizer, docs, info, n_windows=n_windows,
-                                start_window=start_window)
-    n = config.windows_needed if n_windows is None else n_windows
-    start = config.start_window if start_window is None else start_window
-    name = getattr(info, "name", None)
-    if config.windows_per_document:
-        windows, short = document_windows(
-            docs, tokenizer, config.window_length, config.windows_per_document,
-            n_windows=n, start_window=start, policy=policy, name=name)
-        info = dataclasses.replace(info, documents_too_short=short)
-    else:
-        windows = make_windows(docs, tokenizer, config.window_length, n_windows=n,
-                               start_window=start, policy=policy, name=name)
-    if not windows:
-        raise CorpusError(
-            f"corpus {config.corpus} gives no window of {config.window_length} tokens "
-            f"from window {config.start_window} on"
-        )
-    return windows, info, policy
-
-
 def model_identity(name: str, model, layout) -> dict:
     from attngeom.results.manifest import directory_sha256, file_sha256
 
@@ -405,8 +369,8 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
 def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, progress,
              model_and_tokenizer) -> RunResult:
     from attngeom.capture import load_model, load_tokenizer, model_layout
-    from attngeom.pipeline.progress import say
-    from attngeom.pipeline.stream import check_window_fits
+    from attngeom.engine.progress import say
+    from attngeom.engine.stream import check_window_fits
     from attngeom.results.manifest import build_manifest
     from attngeom.results.state import ShardStore, clear_states
 
@@ -422,9 +386,11 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     timings: dict[str, float] = {}
     given_model, given_tok = model_and_tokenizer or (None, None)
     tokenizer = given_tok if given_tok is not None else load_tokenizer(config.model)
+    from attngeom.corpora.documents import load_windows
+
     windows, info, policy = load_windows(config, tokenizer)
     if getattr(config, "probe", None) == "context":  # its documents, before the model
-        from attngeom.pipeline.documents import check_documents
+        from attngeom.corpora.documents import check_documents
 
         check_documents(config, tokenizer)
     needed = config.windows_needed

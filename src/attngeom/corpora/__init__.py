@@ -1,0 +1,1 @@
+"""attngeom.corpora: corpora, documents and windows: what the model reads."""

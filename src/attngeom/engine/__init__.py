@@ -1,0 +1,1 @@
+"""attngeom.engine: the window engine: the runner, streaming, analyses, the run commands."""
