@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from attngeom import api
-from attngeom import validate as v
 from attngeom.config import COMMANDS, RunConfig, command, option
 from attngeom.core.protocol import Accumulator
 from attngeom.engine.runner import Command
+from attngeom.names import ANALYSES, RANKERS
 from attngeom.results import schemas
 from attngeom.results.io import read_table
+from attngeom.validate import Integer
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
 
 # --------------------------------------------------------------------------- the model
@@ -92,15 +93,13 @@ def toy_analysis(monkeypatch):
     engine/analyses.py (both undone after the test)."""
     from attngeom.engine import analyses
 
-    monkeypatch.setitem(schemas.SCHEMAS, TOY_TABLE,
-                        schemas._cols(schemas._ID + "layer:i head:i share:f"))
     monkeypatch.setitem(schemas.ROW_KEYS, TOY_TABLE, ("model", "corpus", "layer", "head"))
     monkeypatch.setitem(schemas.WRITTEN_BY, TOY_TABLE, "toy")
-    monkeypatch.setattr(schemas, "TABLE_NAMES", tuple(schemas.SCHEMAS))
-    monkeypatch.setattr(schemas, "ANALYSES", (*schemas.ANALYSES, "toy"))
-    monkeypatch.setitem(analyses.REGISTRY, "toy", analyses.Analysis(
-        "toy", lambda config, context: ToySinkShare()))
-    return "toy"
+    with schemas.SCHEMAS.registered(TOY_TABLE,
+                                    schemas._cols(schemas._ID + "layer:i head:i share:f")), \
+            ANALYSES.registered("toy", analyses.Analysis(
+                "toy", lambda config, context: ToySinkShare())):
+        yield "toy"
 
 
 # --------------------------------------------------------------------------- ranker
@@ -119,9 +118,9 @@ def toy_ranker(monkeypatch):
             layout.num_layers, layout.num_heads).flip(0)
         return rankers.HeadRanking("toy_last_layer", tuple(heads), scores)
 
-    monkeypatch.setitem(rankers.RANKERS, "toy_last_layer",
-                        rankers.Ranker("toy_last_layer", last_layer_first))
-    return "toy_last_layer"
+    with RANKERS.registered("toy_last_layer", rankers.Ranker("toy_last_layer",
+                                                             last_layer_first)):
+        yield "toy_last_layer"
 
 
 # --------------------------------------------------------------------------- figure
@@ -149,7 +148,7 @@ def toy_figure():
 
     catalog.figure("toy_share", "sink")(make)
     yield "toy_share"
-    catalog.CATALOG[:] = [f for f in catalog.CATALOG if f.name != "toy_share"]
+    catalog.CATALOG.unregister("toy_share")
 
 
 # --------------------------------------------------------------------------- command
@@ -161,11 +160,7 @@ TOY_COUNTS = "toy_counts"
 class ToyCountConfig(RunConfig):
     """``attngeom toy-count``: special tokens per window."""
 
-    n_windows: int = option(2, help="windows to count")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "n_windows", v.integer("n_windows", self.n_windows, low=1))
+    n_windows: int = option(2, check=Integer(1), help="windows to count")
 
     @property
     def windows_needed(self) -> int:
@@ -187,15 +182,16 @@ def toy_summary(res) -> str:
 def toy_command(monkeypatch):
     """The command recipe: its configuration class with one @command declaration, its
     work (a Command) and a table schema."""
-    monkeypatch.setitem(schemas.SCHEMAS, TOY_COUNTS,
-                        schemas._cols(schemas._ID + "window:i special:i"))
     monkeypatch.setitem(schemas.ROW_KEYS, TOY_COUNTS, ("model", "corpus", "window"))
-    monkeypatch.setattr(schemas, "TABLE_NAMES", tuple(schemas.SCHEMAS))
-    monkeypatch.setitem(COMMANDS, "toy-count", None)  # removed again after the test
-    command("toy-count", help="special tokens per window",
-            work=f"{__name__}:ToyCount", summary=f"{__name__}:toy_summary",
-            run_dir="toy", study="toy_count")(ToyCountConfig)
-    return "toy-count"
+    with schemas.SCHEMAS.registered(TOY_COUNTS,
+                                    schemas._cols(schemas._ID + "window:i special:i")):
+        command("toy-count", help="special tokens per window",
+                work=f"{__name__}:ToyCount", summary=f"{__name__}:toy_summary",
+                run_dir="toy", study="toy_count")(ToyCountConfig)
+        try:
+            yield "toy-count"
+        finally:
+            COMMANDS.unregister("toy-count")
 
 
 # --------------------------------------------------------------------------- the runs

@@ -12,15 +12,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "attngeom"
 
 # package -> attngeom subpackages it may import (errors is allowed everywhere). The leaf
-# modules names (shared names) and validate (value checks) import nothing of attngeom and
+# modules registry (the one registry class), names (the registries and shared names) and
+# validate (value checks and option constraints) import nothing of attngeom and
 # may be imported by any layer; config (the command configurations) and assets (the
 # default files) sit just above them, below the engine.
-LEAVES = {"names", "validate"}
+LEAVES = {"names", "validate", "registry"}
 ALLOWED = {
-    "names": set(),
-    "validate": {"names"},
+    "registry": {"validate"},
+    "names": {"registry"},
+    "validate": set(),
     "assets": set(),
-    "config": {"config", "names", "validate", "assets", "results"},
+    "config": {"config", "names", "validate", "registry", "assets", "results"},
     "core": {"core"} | LEAVES,
     "capture": {"core", "capture"} | LEAVES,
     "interventions": {"core", "capture", "interventions"} | LEAVES,
@@ -53,6 +55,7 @@ THIRD_PARTY_FORBIDDEN = {
     "report": {"torch", "transformers"},
     "interventions": {"transformers"},
     "names": {"torch", "numpy", "pandas"},
+    "registry": {"torch", "numpy", "pandas"},
     "validate": {"torch", "numpy", "pandas"},
     "config": {"torch", "numpy", "pandas"},
     "assets": {"torch", "numpy", "pandas"},

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import ClassVar
@@ -30,21 +29,40 @@ from attngeom import validate as v
 from attngeom.assets import DEFAULT_CORPUS, DEFAULT_MODEL, asset
 from attngeom.errors import ConfigError
 from attngeom.names import (
+    ANALYSES,
     ANALYSIS_ALIASES,
-    ANALYSIS_NEEDS,
     DISTANCES,
+    DOC_BOUNDARIES,
     DTYPES,
+    HEAD_TYPES,
+    PROBES,
     QUANTIZATIONS,
     RANDOM_CONTROL,
     RANKER_REGIMES,
     RANKERS,
+    RANKINGS,
     REGIME_RULES,
     RESTRICT_SCOPES,
     RULES,
     VARIANTS,
 )
-from attngeom.results import schemas
-from attngeom.results.schemas import ANALYSES
+from attngeom.registry import Registry
+from attngeom.validate import (
+    Check,
+    Flag,
+    Flags,
+    HeadPairs,
+    Integer,
+    Layers,
+    Lengths,
+    ModelShape,
+    Number,
+    OneOf,
+    Sizes,
+    SubsetOf,
+    Text,
+    WindowLength,
+)
 
 __all__ = [
     "COMMANDS", "AnalysisConfig", "CommandSpec", "PruneConfig", "RestrictConfig", "RunConfig",
@@ -53,16 +71,19 @@ __all__ = [
 ]
 
 
-def option(default=MISSING, *, help: str, factory=None, fingerprint: bool | str = True,
-           metavar: str | None = None, cli: bool = True):
-    """A configuration field with its help text (shown by ``--help`` with the default).
+def option(default=MISSING, *, help: str, check: Check | None = None, factory=None,
+           fingerprint: bool | str = True, metavar: str | None = None, cli: bool = True):
+    """A configuration field with its help text (shown by ``--help`` with the default)
+    and its constraint (``check``, ``attngeom.validate``): applied when the configuration
+    is built, and against the model's shape before any weight loads (``check_config``).
 
     ``fingerprint=False`` marks fields that change how a run is computed but not its
     numbers (device, batch sizes), which a resumed or repeated run may change.
     ``fingerprint="unless_default"``: a field added after runs were made, which enters
     the fingerprint only when it differs from its default, so those runs keep theirs.
     """
-    meta = {"help": help, "fingerprint": fingerprint, "metavar": metavar, "cli": cli}
+    meta = {"help": help, "fingerprint": fingerprint, "metavar": metavar, "cli": cli,
+            "check": check}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -94,7 +115,7 @@ class CommandSpec:
         return self.run_dir or self.name
 
 
-COMMANDS: dict[str, CommandSpec] = {}
+COMMANDS: Registry[CommandSpec] = Registry("command", option="command")
 
 
 def command(name: str, *, help: str, work: str, **spec):
@@ -104,16 +125,15 @@ def command(name: str, *, help: str, work: str, **spec):
 
     def register(cls):
         cls.command = name
-        COMMANDS[name] = CommandSpec(name=name, config=cls, help=help, work=work, **spec)
+        COMMANDS.register(name, CommandSpec(name=name, config=cls, help=help, work=work,
+                                            **spec))
         return cls
 
     return register
 
 
 def command_spec(name: str) -> CommandSpec:
-    """The registered command ``name`` (``ConfigError`` naming the known ones otherwise)."""
-    if name not in COMMANDS:
-        raise ConfigError(f"command: expected one of {', '.join(COMMANDS)}, got {name!r}")
+    """The registered command ``name`` (a did-you-mean ``ConfigError`` otherwise)."""
     return COMMANDS[name]
 
 
@@ -129,45 +149,58 @@ class RunConfig:
     command: ClassVar[str] = ""
 
     model: str | None = option(
-        None, help="hub id, local model directory or .gguf file (default: the bundled "
-        "stories260K)", metavar="MODEL")
+        None, help="hub id, local model directory, .gguf file or asset:NAME (default: the "
+        "bundled stories260K)", metavar="MODEL")
     corpus: str | None = option(
-        None, help="a .txt, .jsonl or .parquet file, a folder of them, or wikitext-103, "
-        "wikitext-2, openwebtext (default: the bundled TinyStories sample)", metavar="CORPUS")
-    window_length: int = option(256, help="tokens per window (T), special tokens included")
-    start_window: int = option(0, help="index of the first window taken from the corpus")
+        None, help="a .txt, .jsonl or .parquet file, a folder of them, asset:NAME, or "
+        "wikitext-103, wikitext-2, openwebtext (default: the bundled TinyStories sample)",
+        metavar="CORPUS")
+    window_length: int = option(256, check=WindowLength(),
+                                help="tokens per window (T), special tokens included")
+    start_window: int = option(0, check=Integer(0),
+                               help="index of the first window taken from the corpus")
     windows_per_document: int | None = option(
-        None, help="cut each document alone and take its first K windows (a document too "
-        "short for one gives none; default: documents joined into one stream)",
-        metavar="K")
+        None, check=Integer(1, none=True), metavar="K",
+        help="cut each document alone and take its first K windows (a document too short "
+        "for one gives none; default: documents joined into one stream)")
     sample_documents: int | None = option(
-        None, help="draw this many documents from the corpus by a hash of each document and "
+        None, check=Integer(1, none=True),
+        help="draw this many documents from the corpus by a hash of each document and "
         "the seed, then cut windows from them (default: every document, in corpus order)")
     document_protocol: str = option(
-        "stream", help="how windows are made: stream (documents joined, cut into "
-        "consecutive windows) or fixed (the follow-up's protocol: one window per document "
-        "at a hashed offset, the initial token first, the first N_DOCUMENTS documents of at "
-        "least T-1 tokens in hash order)")
-    n_documents: int = option(50, help="documents of the fixed protocol (one window each)")
-    seed: int = option(0, help="seed of the random control, bootstrap and seeded rankers")
-    device: str = option("cpu", help="torch device (cpu, cuda, cuda:1, mps)", fingerprint=False)
-    dtype: str = option("float32", help=f"model dtype ({', '.join(DTYPES)})")
+        "stream", check=OneOf(("stream", "fixed")),
+        help="how windows are made: stream (documents joined, cut into consecutive windows) "
+        "or fixed (the follow-up's protocol: one window per document at a hashed offset, the "
+        "initial token first, the first N_DOCUMENTS documents of at least T-1 tokens in hash "
+        "order)")
+    n_documents: int = option(50, check=Integer(1),
+                              help="documents of the fixed protocol (one window each)")
+    seed: int = option(0, check=Integer(),
+                       help="seed of the random control, bootstrap and seeded rankers")
+    device: str = option("cpu", check=Text(), fingerprint=False,
+                         help="torch device (cpu, cuda, cuda:1, mps)")
+    dtype: str = option("float32", check=OneOf(DTYPES), help=f"model dtype ({', '.join(DTYPES)})")
     quantization: str = option(
-        "none", help="weights through bitsandbytes on a CUDA GPU: 8bit (LLM.int8, outlier "
-        "threshold 6.0, as the follow-up ran Mistral-Small-24B), 4bit (nf4) or none; "
-        "activations and attention stay in --dtype", fingerprint="unless_default")
-    batch_size: int = option(4, help="windows per forward pass", fingerprint=False)
+        "none", check=OneOf(QUANTIZATIONS), fingerprint="unless_default",
+        help="weights through bitsandbytes on a CUDA GPU: 8bit (LLM.int8, outlier threshold "
+        "6.0, as the follow-up ran Mistral-Small-24B), 4bit (nf4) or none; activations and "
+        "attention stay in --dtype")
+    batch_size: int = option(4, check=Integer(1), fingerprint=False,
+                             help="windows per forward pass")
     device_map: str | None = option(
-        None, help="'auto': spread a model too large for one GPU over the GPUs of this "
-        "machine (transformers device_map; then one process, not data-parallel)",
-        fingerprint=False)
-    text_column: str = option("text", help="text column of .jsonl / .parquet corpora")
+        None, check=Text(optional=True), fingerprint=False,
+        help="'auto': spread a model too large for one GPU over the GPUs of this machine "
+        "(transformers device_map; then one process, not data-parallel)")
+    text_column: str = option("text", check=Text(),
+                              help="text column of .jsonl / .parquet corpora")
     separator: str | None = option(
-        None, help="line that separates documents in a .txt corpus (default: "
-        "<|endoftext|> if present, else blank lines)")
+        None, check=Text(optional=True),
+        help="line that separates documents in a .txt corpus (default: <|endoftext|> if "
+        "present, else blank lines)")
     doc_boundary: str = option(
-        "auto", help="what goes between documents: auto (the tokenizer's training "
-        "convention), bos, eos, sep or none")
+        "auto", check=OneOf(DOC_BOUNDARIES),
+        help="what goes between documents: auto (the tokenizer's training convention), bos, "
+        "eos, sep or none")
     boundary_token: str | None = option(
         None, help="the token placed at document boundaries instead of the tokenizer's own")
     model_label: str | None = option(None, help="model name in the tables (default: from MODEL)")
@@ -176,36 +209,33 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         s = object.__setattr__
-        for name, default in (("model", DEFAULT_MODEL), ("corpus", DEFAULT_CORPUS)):
+        for name, default in (("model", DEFAULT_MODEL), ("corpus", self.default_corpus)):
             value = getattr(self, name)
             if value is None:
                 # resolved now where the assets are at hand; else when the run starts
                 with contextlib.suppress(ConfigError):
                     s(self, name, asset(default, f"--{name}"))
             else:
-                s(self, name, str(value))
-        s(self, "window_length", v.integer("window_length", self.window_length, low=2))
-        s(self, "start_window", v.integer("start_window", self.start_window, low=0))
-        if self.windows_per_document is not None:
-            s(self, "windows_per_document",
-              v.integer("windows_per_document", self.windows_per_document, low=1))
-        if self.sample_documents is not None:
-            s(self, "sample_documents",
-              v.integer("sample_documents", self.sample_documents, low=1))
-        s(self, "seed", v.integer("seed", self.seed))
-        v.one_of("document_protocol", self.document_protocol, ("stream", "fixed"))
-        s(self, "n_documents", v.integer("n_documents", self.n_documents, low=1))
+                s(self, name, _source(name, value))
+        for f in fields(self):
+            check = f.metadata.get("check")
+            if check is not None:
+                s(self, f.name, check.clean(f.name, getattr(self, f.name)))
         if self.document_protocol == "fixed" and (self.windows_per_document
                                                   or self.sample_documents):
             raise ConfigError("document_protocol: 'fixed' chooses its own documents and "
                               "windows; drop windows_per_document and sample_documents")
-        s(self, "batch_size", v.integer("batch_size", self.batch_size, low=1))
-        v.one_of("dtype", self.dtype, DTYPES)
-        v.one_of("quantization", self.quantization, QUANTIZATIONS)
-        v.text("device", self.device)
-        v.text("text_column", self.text_column)
-        v.text("separator", self.separator, optional=True)
-        v.boundary_options(self.doc_boundary, self.boundary_token)
+        v.boundary_options(self.doc_boundary, self.boundary_token, DOC_BOUNDARIES)
+        self.check_options()
+
+    default_corpus: ClassVar[str] = DEFAULT_CORPUS
+
+    def check_options(self) -> None:
+        """The checks that read several options at once (a subclass adds its own)."""
+
+    def check_model(self, shape: ModelShape) -> None:
+        """The checks against the model that read several options at once (after every
+        option's own ``against``; ``validate.check_config`` runs both)."""
 
     # ------------------------------------------------------------------ use
 
@@ -215,7 +245,7 @@ class RunConfig:
 
     def require_model_and_corpus(self) -> None:
         """Raise the one-line "pass --model" error where no default could be found."""
-        for name, default in (("model", DEFAULT_MODEL), ("corpus", DEFAULT_CORPUS)):
+        for name, default in (("model", DEFAULT_MODEL), ("corpus", self.default_corpus)):
             if getattr(self, name) is None:
                 asset(default, f"--{name}")
 
@@ -250,6 +280,35 @@ class RunConfig:
         return d
 
 
+def _source(name: str, value) -> str:
+    """A model or corpus as given; ``asset:NAME`` is a bundled asset (one line listing the
+    known ones when NAME is not)."""
+    text = str(value)
+    if text.startswith("asset:"):
+        return asset(text.split(":", 1)[1], f"--{name}")
+    return text
+
+
+class _QueryMode(Check):
+    def clean(self, name, value):
+        v.parse_query_mode(value)
+        return value
+
+
+class _Analyses(Check):
+    """Analyses by name (the old names of ``ANALYSIS_ALIASES`` read as the new ones)."""
+
+    def clean(self, name, value):
+        given = tuple(ANALYSIS_ALIASES.get(a, a) if isinstance(a, str) else a
+                      for a in v.as_tuple(value, name))
+        out = ANALYSES.choices(given, name)
+        for a in out:
+            missing = [x for x in (ANALYSES.meta(a) or {}).get("needs", ()) if x not in out]
+            if missing:
+                raise ConfigError(f"{name}: {a!r} needs {', '.join(map(repr, missing))}")
+        return out
+
+
 @command("analyze", help="top-N geometry, sink, taxonomy, bounds and assumptions of a model",
          work="attngeom.engine.analyze:Analyze",
          summary="attngeom.report.text:analyze_summary")
@@ -257,64 +316,48 @@ class RunConfig:
 class AnalysisConfig(RunConfig):
     """``attngeom analyze``: top-N geometry, sink, taxonomy, bounds and assumptions."""
 
-    n_windows: int | None = option(32, help="windows to analyse (0 or none: every window)")
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), help="set sizes N")
-    query_mode: str = option("final", help="analysed queries: final (the last content "
-                             "token), all, or stride:k")
-    rules: tuple[str, ...] = option(RULES, help="selection rules")
-    distances: tuple[str, ...] = option(("euclidean",), help=f"distances ({', '.join(DISTANCES)})")
-    variants: tuple[str, ...] = option(VARIANTS, help="universes: full, and no_sink (the sink "
-                                       "dropped from the universe)")
-    analyses: tuple[str, ...] = option(ANALYSES, help="analyses to run")
-    repeats: int | None = option(None, help="random-control repeats (default: 16 for final "
-                                 "queries, 2 otherwise)")
-    chunk_size: int | None = option(None, help="query rows per chunk (default: as many as "
-                                    "--memory-budget allows)", fingerprint=False)
-    memory_budget: float = option(0.25, help="GB of captured query rows per window of a "
-                                  "batch; sets the query chunk when --chunk-size is not given",
-                                  fingerprint=False)
-    compile: str = option("auto", help="torch.compile the exact kernels: on, off, or auto "
-                          "(on for all/stride queries on a GPU, for all, stride:k with "
-                          "k <= 4, or final queries over >= 256 windows on CPU); tables "
-                          "are identical either way",
-                          fingerprint=False)
-    bootstrap: int = option(1000, help="window-bootstrap replicates of the intervals and the "
-                            "label stability (0: none)")
-    regime_rule: str = option("single", help="head regime rule: single (plurality of self, "
-                              "sink and the most frequent single other source) or lumped")
-    sink_min_occurrences: int = option(5, help="a token is a sink of a head only when "
-                                       "analysed queries saw it at least this many times")
-    sink_min_windows: int = option(3, help="a sink token must also occur in at least this "
-                                   "many windows")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        s = object.__setattr__
-        n = None if self.n_windows is None else v.integer("n_windows", self.n_windows, low=0)
-        s(self, "n_windows", None if n == 0 else n)
-        s(self, "n_grid", v.n_grid(self.n_grid))
-        v.parse_query_mode(self.query_mode)
-        s(self, "rules", v.choices("rules", self.rules, RULES))
-        s(self, "distances", v.choices("distances", self.distances, DISTANCES))
-        s(self, "variants", v.choices("variants", self.variants, VARIANTS))
-        given = tuple(ANALYSIS_ALIASES.get(a, a) if isinstance(a, str) else a
-                      for a in v.as_tuple(self.analyses, "analyses"))
-        s(self, "analyses", v.choices("analyses", given, schemas.ANALYSES))
-        if self.repeats is not None:
-            s(self, "repeats", v.integer("repeats", self.repeats, low=1))
-        if self.chunk_size is not None:
-            s(self, "chunk_size", v.integer("chunk_size", self.chunk_size, low=1))
-        s(self, "memory_budget", v.number("memory_budget", self.memory_budget, low=1e-6))
-        v.one_of("compile", self.compile, ("auto", "on", "off"))
-        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
-        v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
-        s(self, "sink_min_occurrences", v.integer("sink_min_occurrences",
-                                                  self.sink_min_occurrences, low=1))
-        s(self, "sink_min_windows", v.integer("sink_min_windows", self.sink_min_windows, low=1))
-        for name in self.analyses:
-            missing = [x for x in ANALYSIS_NEEDS.get(name, ()) if x not in self.analyses]
-            if missing:
-                raise ConfigError(f"analyses: {name!r} needs {', '.join(map(repr, missing))}")
+    n_windows: int | None = option(32, check=Integer(1, zero_none=True),
+                                   help="windows to analyse (0 or none: every window)")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(below_window=True),
+                                     help="set sizes N (each below the window length)")
+    query_mode: str = option("final", check=_QueryMode(),
+                             help="analysed queries: final (the last content token), all, or "
+                             "stride:k")
+    rules: tuple[str, ...] = option(RULES.names(), check=SubsetOf(RULES),
+                                    help="selection rules")
+    distances: tuple[str, ...] = option(("euclidean",), check=SubsetOf(DISTANCES),
+                                        help=f"distances ({', '.join(DISTANCES)})")
+    variants: tuple[str, ...] = option(VARIANTS, check=SubsetOf(VARIANTS),
+                                       help="universes: full, and no_sink (the sink dropped "
+                                       "from the universe)")
+    analyses: tuple[str, ...] = option(ANALYSES.names(), check=_Analyses(),
+                                       help="analyses to run")
+    repeats: int | None = option(None, check=Integer(1, none=True),
+                                 help="random-control repeats (default: 16 for final queries, "
+                                 "2 otherwise)")
+    chunk_size: int | None = option(None, check=Integer(1, none=True), fingerprint=False,
+                                    help="query rows per chunk (default: as many as "
+                                    "--memory-budget allows)")
+    memory_budget: float = option(0.25, check=Number(1e-6), fingerprint=False,
+                                  help="GB of captured query rows per window of a batch; sets "
+                                  "the query chunk when --chunk-size is not given")
+    compile: str = option("auto", check=OneOf(("auto", "on", "off")), fingerprint=False,
+                          help="torch.compile the exact kernels: on, off, or auto (on for "
+                          "all/stride queries on a GPU, for all, stride:k with k <= 4, or "
+                          "final queries over >= 256 windows on CPU); tables are identical "
+                          "either way")
+    bootstrap: int = option(1000, check=Integer(0),
+                            help="window-bootstrap replicates of the intervals and the label "
+                            "stability (0: none)")
+    regime_rule: str = option("single", check=OneOf(REGIME_RULES),
+                              help="head regime rule: single (plurality of self, sink and the "
+                              "most frequent single other source) or lumped")
+    sink_min_occurrences: int = option(5, check=Integer(1),
+                                       help="a token is a sink of a head only when analysed "
+                                       "queries saw it at least this many times")
+    sink_min_windows: int = option(3, check=Integer(1),
+                                   help="a sink token must also occur in at least this many "
+                                   "windows")
 
     @property
     def effective_repeats(self) -> int:
@@ -336,18 +379,15 @@ class AnalysisConfig(RunConfig):
 class _InterventionConfig(RunConfig):
     """What the perplexity-based commands share: evaluation windows and their batch."""
 
-    window_length: int = option(128, help="tokens per window (T), special tokens included; "
-                                "shorter than analyze's 256 because these commands run a "
-                                "forward pass per setting (per head for scan-heads)")
-    batch_size: int = option(8, help="windows per forward pass; larger than analyze's 4, "
-                             "which keeps every layer's attention rows of a batch",
-                             fingerprint=False)
-    n_eval_windows: int = option(8, help="held-out windows the NLL is measured on")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "n_eval_windows",
-                           v.integer("n_eval_windows", self.n_eval_windows, low=1))
+    window_length: int = option(128, check=WindowLength(),
+                                help="tokens per window (T), special tokens included; shorter "
+                                "than analyze's 256 because these commands run a forward pass "
+                                "per setting (per head for scan-heads)")
+    batch_size: int = option(8, check=Integer(1), fingerprint=False,
+                             help="windows per forward pass; larger than analyze's 4, which "
+                             "keeps every layer's attention rows of a batch")
+    n_eval_windows: int = option(8, check=Integer(1),
+                                 help="held-out windows the NLL is measured on")
 
     @property
     def windows_needed(self) -> int:
@@ -358,36 +398,38 @@ class _InterventionConfig(RunConfig):
         return 0
 
 
-def _orders(value) -> tuple[str, ...] | None:
+class _Orders(Check):
     """Regime orders of the taxonomy ranker: None (the default order), "all", or orders
     written ``Mixer>Reset>Retriever``."""
-    if value is None:
-        return None
-    items = list(v.as_tuple(value, "orders"))
-    if items == ["all"]:
-        return tuple(">".join(p) for p in itertools.permutations(RANKER_REGIMES))
-    if len(items) == 3 and all(isinstance(x, str) and ">" not in x for x in items):
-        items = [">".join(items)]  # one order written as three names
-    out = []
-    for item in items:
-        names = tuple(item.split(">")) if isinstance(item, str) else tuple(item)
-        if sorted(names) != sorted(RANKER_REGIMES):
-            raise ConfigError(
-                f"orders: expected 'all' or permutations of {'>'.join(RANKER_REGIMES)}, "
-                f"got {item!r}"
-            )
-        out.append(">".join(names))
-    if not out:
-        raise ConfigError("orders: expected 'all' or at least one regime order")
-    return tuple(dict.fromkeys(out))
+
+    def clean(self, name, value):
+        if value is None:
+            return None
+        items = list(v.as_tuple(value, name))
+        if items == ["all"]:
+            return tuple(">".join(p) for p in itertools.permutations(RANKER_REGIMES))
+        if len(items) == 3 and all(isinstance(x, str) and ">" not in x for x in items):
+            items = [">".join(items)]  # one order written as three names
+        out = []
+        for item in items:
+            names = tuple(item.split(">")) if isinstance(item, str) else tuple(item)
+            if sorted(names) != sorted(RANKER_REGIMES):
+                raise ConfigError(f"{name}: expected 'all' or permutations of "
+                                  f"{'>'.join(RANKER_REGIMES)}, got {item!r}")
+            out.append(">".join(names))
+        if not out:
+            raise ConfigError(f"{name}: expected 'all' or at least one regime order")
+        return tuple(dict.fromkeys(out))
 
 
-def known_rankers() -> tuple[str, ...]:
-    """The registered head rankers: ``interventions.rankers.RANKERS`` once that module is
-    loaded (a ranker registered since is known; it cannot be registered before the module
-    loads), else the built-in names (``names.RANKERS``), without importing torch here."""
-    module = sys.modules.get("attngeom.interventions.rankers")
-    return tuple(module.RANKERS) if module is not None else tuple(RANKERS)
+class _Fractions(Check):
+    def clean(self, name, value):
+        return v.fractions(name, value)
+
+
+class _Integers(Check):
+    def clean(self, name, value):
+        return v.integers(name, value)
 
 
 @command("prune", help="keep-fraction pruning sweep per head ranker",
@@ -397,24 +439,19 @@ def known_rankers() -> tuple[str, ...]:
 class PruneConfig(_InterventionConfig):
     """``attngeom prune``: keep-fraction pruning sweep per head ranker (method §9)."""
 
-    rankers: tuple[str, ...] = option(RANKERS, help="head rankers")
-    keep_fractions: tuple[float, ...] = option((1.0, 0.9, 0.75, 0.5, 0.25),
+    rankers: tuple[str, ...] = option(RANKERS.names(), check=SubsetOf(RANKERS),
+                                      help="head rankers")
+    keep_fractions: tuple[float, ...] = option((1.0, 0.9, 0.75, 0.5, 0.25), check=_Fractions(),
                                                help="fractions of heads kept")
-    seeds: tuple[int, ...] = option((0, 1, 2), help="seeds of the random ranker")
+    seeds: tuple[int, ...] = option((0, 1, 2), check=_Integers(),
+                                    help="seeds of the random ranker")
     orders: tuple[str, ...] | None = option(
-        None, help="regime orders of the taxonomy ranker: all, or orders like "
-        "Reset>Mixer>Retriever (default: Mixer>Reset>Retriever)")
-    n_rank_windows: int = option(8, help="windows the rankers rank on (before the evaluation "
+        None, check=_Orders(),
+        help="regime orders of the taxonomy ranker: all, or orders like Reset>Mixer>Retriever "
+        "(default: Mixer>Reset>Retriever)")
+    n_rank_windows: int = option(8, check=Integer(1),
+                                 help="windows the rankers rank on (before the evaluation "
                                  "windows, disjoint from them)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        s = object.__setattr__
-        s(self, "rankers", v.choices("rankers", self.rankers, known_rankers()))
-        s(self, "keep_fractions", v.fractions("keep_fractions", self.keep_fractions))
-        s(self, "seeds", v.integers("seeds", self.seeds))
-        s(self, "orders", _orders(self.orders))
-        s(self, "n_rank_windows", v.integer("n_rank_windows", self.n_rank_windows, low=1))
 
     @property
     def n_rank_windows_needed(self) -> int:
@@ -429,12 +466,39 @@ class PruneConfig(_InterventionConfig):
 class ScanConfig(_InterventionConfig):
     """``attngeom scan-heads``: relative delta-NLL of removing each head alone (method §9)."""
 
-    threshold: float = option(0.05, help="relative delta-NLL above which a head is critical")
+    threshold: float = option(0.05, check=Number(0.0, low_open=True),
+                              help="relative delta-NLL above which a head is critical")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "threshold",
-                           v.number("threshold", self.threshold, low=0.0, low_open=True))
+
+class _RelativeTaus(Check):
+    """Relative thresholds in (0, 1), duplicates dropped, at least one."""
+
+    def clean(self, name, value):
+        taus = tuple(v.number(name, t) for t in v.as_tuple(value, name))
+        bad = [t for t in taus if not 0.0 < t < 1.0]
+        if bad or not taus:
+            raise ConfigError(f"{name}: expected relative thresholds in (0, 1) (5% is 0.05), "
+                              f"got {bad[0] if bad else 'none'}")
+        return tuple(dict.fromkeys(taus))
+
+
+def _policy_budgets(rankings: tuple[str, ...], sizes, name: str) -> None:
+    """A budget below a ranking's fixed part (the keys every budget holds) is refused."""
+    for ranking in rankings:
+        fixed = int((RANKINGS.meta(ranking) or {}).get("fixed", 0))
+        small = [n for n in sizes if n < fixed]
+        if small:
+            raise ConfigError(f"{name}: the {ranking} ranking keeps {fixed} fixed keys, so "
+                              f"every N must be >= {fixed}, got {small[0]}")
+
+
+def _loss_rankings(rankings: tuple[str, ...]) -> None:
+    """Rankings that choose once at the end of a prompt cannot restrict an LM loss."""
+    prefill = [r for r in rankings if (RANKINGS.meta(r) or {}).get("prefill_only")]
+    if prefill:
+        raise ConfigError(f"rankings: {prefill[0]} compresses a prompt once, for its final "
+                          "query only (competition --probe qa); the LM loss restricts every "
+                          "query")
 
 
 @command("restrict", help="keep only the top-N attention entries per query; N*_tau",
@@ -444,59 +508,48 @@ class ScanConfig(_InterventionConfig):
 class RestrictConfig(_InterventionConfig):
     """``attngeom restrict``: top-N attention restriction and N*_tau (method §9)."""
 
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), help="kept entries N per "
-                                     "query: the search's first round (those below the window "
-                                     "length)")
-    scopes: tuple[str, ...] = option(("model",), help="what is restricted at once: model, "
-                                     "layer (each layer alone), head (each head alone)")
-    layers: tuple[int, ...] | None = option(None, help="layers of the layer and head scopes "
-                                            "and of the localised scan (default: all)")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), check=Sizes(),
+                                     help="kept entries N per query: the search's first round "
+                                     "(those below the window length)")
+    scopes: tuple[str, ...] = option(("model",), check=SubsetOf(RESTRICT_SCOPES),
+                                     help="what is restricted at once: model, layer (each "
+                                     "layer alone), head (each head alone)")
+    layers: tuple[int, ...] | None = option(None, check=Layers(),
+                                            help="layers of the layer and head scopes and of "
+                                            "the localised scan (default: all)")
     heads: tuple[tuple[int, int], ...] | None = option(
-        None, help="heads of the head scope as LAYER:HEAD,... (default: all heads of LAYERS)",
-        metavar="L:H,...")
-    rankings: tuple[str, ...] = option(("attention",), help="which N keys are kept: "
-                                       "attention, contribution (alpha ||v||), random (seeded)")
-    renormalize: tuple[bool, ...] = option((True, False), help="renormalise the kept "
-                                           "probabilities: true, false or both")
-    taus: tuple[float, ...] = option((0.01, 0.05, 0.10), help="relative delta-NLL thresholds "
-                                     "of N*_tau, each in (0, 1)")
-    search: str = option("adaptive", help="N*_tau: adaptive (the follow-up's integer search: "
-                         "grid, bisection, refinement) or grid (smallest N of the grid)")
-    refine: int = option(3, help="integers below the bisection's pass tried upward")
-    bootstrap: int = option(1000, help="document bootstrap replicates of N*'s interval "
-                            "(0: none)")
-    scope: str = option("model", help="model: N*_tau of the scopes above; layer: the "
-                        "localised scan, N keys in one layer at a time; head: the layer scan, "
-                        "then each head of the most sensitive layers")
-    scan_n: tuple[int, ...] = option((16,), help="kept entries N of the localised scan")
-    scan_top_layers: int = option(2, help="layers whose heads the head scan restricts one at "
-                                  "a time (the most sensitive of the layer scan)")
+        None, check=HeadPairs(), metavar="L:H,...",
+        help="heads of the head scope as LAYER:HEAD,... (default: all heads of LAYERS)")
+    rankings: tuple[str, ...] = option(("attention",), check=SubsetOf(RANKINGS),
+                                       help=f"which N keys are kept: {', '.join(RANKINGS)}")
+    renormalize: tuple[bool, ...] = option((True, False), check=Flags(),
+                                           help="renormalise the kept probabilities: true, "
+                                           "false or both")
+    taus: tuple[float, ...] = option((0.01, 0.05, 0.10), check=_RelativeTaus(),
+                                     help="relative delta-NLL thresholds of N*_tau, each in "
+                                     "(0, 1)")
+    search: str = option("adaptive", check=OneOf(("adaptive", "grid")),
+                         help="N*_tau: adaptive (the follow-up's integer search: grid, "
+                         "bisection, refinement) or grid (smallest N of the grid)")
+    refine: int = option(3, check=Integer(0),
+                         help="integers below the bisection's pass tried upward")
+    bootstrap: int = option(1000, check=Integer(0),
+                            help="document bootstrap replicates of N*'s interval (0: none)")
+    scope: str = option("model", check=OneOf(RESTRICT_SCOPES),
+                        help="model: N*_tau of the scopes above; layer: the localised scan, N "
+                        "keys in one layer at a time; head: the layer scan, then each head "
+                        "of the most sensitive layers")
+    scan_n: tuple[int, ...] = option((16,), check=Sizes(),
+                                     help="kept entries N of the localised scan")
+    scan_top_layers: int = option(2, check=Integer(0),
+                                  help="layers whose heads the head scan restricts one at a "
+                                  "time (the most sensitive of the layer scan)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        s = object.__setattr__
-        s(self, "n_grid", v.n_grid(self.n_grid))
-        s(self, "scopes", v.choices("scopes", self.scopes, RESTRICT_SCOPES))
-        if self.layers is not None:
-            s(self, "layers", tuple(sorted(v.integers("layers", self.layers, low=0))))
-        s(self, "heads", v.head_pairs("heads", self.heads))
-        s(self, "rankings", v.choices("rankings", self.rankings, RULES))
-        flags = v.as_tuple(self.renormalize, "renormalize")
-        if any(isinstance(x, str) and x.strip().lower() == "both" for x in flags):
-            flags = (False, True)
-        s(self, "renormalize", v.flags("renormalize", flags))
-        taus = tuple(v.number("taus", t) for t in v.as_tuple(self.taus, "taus"))
-        bad = [t for t in taus if not 0.0 < t < 1.0]
-        if bad or not taus:
-            raise ConfigError(f"taus: expected relative thresholds in (0, 1) (5% is 0.05), "
-                              f"got {bad[0] if bad else 'none'}")
-        s(self, "taus", tuple(dict.fromkeys(taus)))
-        v.one_of("search", self.search, ("adaptive", "grid"))
-        s(self, "refine", v.integer("refine", self.refine, low=0))
-        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
-        v.one_of("scope", self.scope, RESTRICT_SCOPES)
-        s(self, "scan_n", v.n_grid(self.scan_n, "scan_n"))
-        s(self, "scan_top_layers", v.integer("scan_top_layers", self.scan_top_layers, low=0))
+    def check_options(self) -> None:
+        super().check_options()
+        _loss_rankings(self.rankings)
+        _policy_budgets(self.rankings, self.n_grid if self.scope == "model" else self.scan_n,
+                        "n_grid" if self.scope == "model" else "scan_n")
         if self.scope == "head" and self.scan_top_layers < 1:
             raise ConfigError("scope head: expected scan_top_layers >= 1 (the layers whose "
                               "heads are scanned), got 0: no layer to scan")
@@ -509,6 +562,13 @@ class RestrictConfig(_InterventionConfig):
             if outside:
                 raise ConfigError(f"heads: expected every head's layer in layers="
                                   f"{list(self.layers)}, got {outside[0]}")
+
+    def check_model(self, shape: ModelShape) -> None:
+        scanned = len(self.layers) if self.layers is not None else shape.layers
+        if self.scope == "head" and self.scan_top_layers > scanned:
+            raise ConfigError(f"scan_top_layers: expected at most the {scanned} layers the "
+                              f"layer scan covers (valid: 1..{scanned}), got "
+                              f"{self.scan_top_layers}")
 
 
 def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]]:
@@ -523,23 +583,29 @@ def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]
     return out
 
 
-# --------------------------------------------------------------------------- issue 31-32
+# --------------------------------------------------------------------------- atlas, probes
 # The head atlas, the competition probes and the localised restriction as run commands
 # (their work in probes/atlas_command.py, probes/competition_command.py and
 # engine/loss_runs.py).
 
+# the needle's cue (" The secret code is") and the cue again at the end take about this
+# many tokens with any tokenizer; a needle context must hold them and the needle
+_CUE_TOKENS = 16
 
-def _thresholds(value) -> tuple[str, ...]:
+
+class _Thresholds(Check):
     """Head-type thresholds written ``NAME=VALUE`` (``sink=0.3``), names of
-    ``core.head_scores.HEAD_TYPES`` (read without importing torch: the names are
-    checked when the command runs)."""
-    out = []
-    for item in v.as_tuple(value, "thresholds"):
-        name, sep, number = str(item).partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"thresholds: expected NAME=VALUE items (sink=0.3), got {item!r}")
-        out.append(f"{name.strip()}={v.number('thresholds', number.strip())}")
-    return tuple(out)
+    ``names.HEAD_TYPES``."""
+
+    def clean(self, name, value):
+        out = []
+        for item in v.as_tuple(value, name):
+            key, sep, number = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"{name}: expected NAME=VALUE items (sink=0.3), got {item!r}")
+            HEAD_TYPES.check(key.strip(), name)
+            out.append(f"{key.strip()}={v.number(name, number.strip())}")
+        return tuple(out)
 
 
 @command("atlas", help="head atlas: the field's head types scored beside the regimes",
@@ -551,58 +617,106 @@ class AtlasConfig(RunConfig):
     retrieval and streaming scores of every head, with the taxonomy of the same windows
     computed in the same run, and the regime x head type tables (issue 32)."""
 
-    n_windows: int = option(8, help="corpus windows (scores and taxonomy)")
-    query_mode: str = option("final", help="queries of the taxonomy: final, all or stride:k")
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), help="set sizes N of the F_N "
-                                     "of each head type")
-    bootstrap: int = option(200, help="window-bootstrap replicates of the taxonomy's "
-                            "stability (0: none)")
-    regime_rule: str = option("single", help="head regime rule: single or lumped")
-    query_stride: int = option(8, help="corpus rows every K positions for the head scores "
-                               "(the last included)", metavar="K")
-    streaming_window: int = option(64, help="W of the streaming proxy: the head sees the "
-                                   "sink and the W most recent tokens")
-    n_repeats: int = option(4, help="repeated random-token prompts (induction, echo)")
-    repeat_length: int = option(64, help="random tokens repeated in each prompt")
-    n_needles: int = option(4, help="needle-in-a-haystack trials (retrieval score)")
-    needle_length: int = option(6, help="tokens of each needle")
+    n_windows: int = option(8, check=Integer(1), help="corpus windows (scores and taxonomy)")
+    query_mode: str = option("final", check=_QueryMode(),
+                             help="queries of the taxonomy: final, all or stride:k")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(below_window=True),
+                                     help="set sizes N of the F_N of each head type")
+    bootstrap: int = option(200, check=Integer(0),
+                            help="window-bootstrap replicates of the taxonomy's stability "
+                            "(0: none)")
+    regime_rule: str = option("single", check=OneOf(REGIME_RULES),
+                              help="head regime rule: single or lumped")
+    query_stride: int = option(8, check=Integer(1), metavar="K",
+                               help="corpus rows every K positions for the head scores (the "
+                               "last included)")
+    streaming_window: int = option(64, check=Integer(1),
+                                   help="W of the streaming proxy: the head sees the sink and "
+                                   "the W most recent tokens")
+    n_repeats: int = option(4, check=Integer(1),
+                            help="repeated random-token prompts (induction, echo)")
+    repeat_length: int = option(64, check=Integer(1),
+                                help="random tokens repeated in each prompt (the prompt is "
+                                "1 + 2 x this long)")
+    n_needles: int = option(4, check=Integer(1),
+                            help="needle-in-a-haystack trials (retrieval score)")
+    needle_length: int = option(6, check=Integer(1), help="tokens of each needle")
     needle_contexts: tuple[int, ...] | None = option(
         None, help="context lengths of the needle prompts (default: T/2 and T/4)")
-    recovered_share: float = option(0.5, help="share of a needle's tokens the model must "
-                                    "copy for a trial to count")
-    thresholds: tuple[str, ...] = option((), help="head-type thresholds other than the "
-                                         "published ones, as NAME=VALUE,... (sink=0.3)",
-                                         metavar="NAME=VALUE,...")
+    recovered_share: float = option(0.5, check=Number(0.0, 1.0),
+                                    help="share of a needle's tokens the model must copy for "
+                                    "a trial to count")
+    thresholds: tuple[str, ...] = option((), check=_Thresholds(), metavar="NAME=VALUE,...",
+                                         help="head-type thresholds other than the published "
+                                         "ones, as NAME=VALUE,... (sink=0.3)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        s = object.__setattr__
-        s(self, "n_windows", v.integer("n_windows", self.n_windows, low=1))
-        v.parse_query_mode(self.query_mode)
-        s(self, "n_grid", v.n_grid(self.n_grid))
-        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
-        v.one_of("regime_rule", self.regime_rule, REGIME_RULES)
-        for name in ("query_stride", "streaming_window", "n_repeats", "repeat_length",
-                     "n_needles", "needle_length"):
-            s(self, name, v.integer(name, getattr(self, name), low=1))
+    def check_options(self) -> None:
+        super().check_options()
         if self.needle_contexts is not None:
-            s(self, "needle_contexts", v.integers("needle_contexts", self.needle_contexts,
-                                                  low=2))
-            too_long = [c for c in self.needle_contexts if c > self.window_length]
-            if too_long:
-                raise ConfigError(f"needle_contexts: expected lengths up to the window "
-                                  f"length {self.window_length} (the haystack is cut from "
-                                  f"a window), got {too_long[0]}")
-        s(self, "recovered_share", v.number("recovered_share", self.recovered_share,
-                                            low=0.0, high=1.0))
-        s(self, "thresholds", _thresholds(self.thresholds))
+            object.__setattr__(self, "needle_contexts", v.integers(
+                "needle_contexts", self.needle_contexts, low=2))
+        contexts = self.effective_needle_contexts
+        too_long = [c for c in contexts if c > self.window_length]
+        if too_long:
+            raise ConfigError(f"needle_contexts: expected lengths up to the window length "
+                              f"{self.window_length} (the haystack is cut from a window), "
+                              f"got {too_long[0]}")
+        room = min(contexts) - _CUE_TOKENS
+        if self.needle_length > room:
+            raise ConfigError(f"needle_length: expected a needle that fits the shortest "
+                              f"needle context {min(contexts)} with its cue (valid: "
+                              f"1..{max(room, 0)}), got {self.needle_length}")
+
+    def check_model(self, shape: ModelShape) -> None:
+        limit = shape.max_positions
+        if limit is not None and 1 + 2 * self.repeat_length > limit:
+            raise ConfigError(f"repeat_length: expected a repeated prompt (1 + 2 x length) "
+                              f"within {shape.name}'s {limit} positions (valid: "
+                              f"1..{(limit - 1) // 2}), got {self.repeat_length}")
+
+    @property
+    def effective_needle_contexts(self) -> tuple[int, ...]:
+        if self.needle_contexts is not None:
+            return tuple(self.needle_contexts)
+        return tuple(dict.fromkeys((max(2, self.window_length // 2),
+                                    max(2, self.window_length // 4))))
 
     @property
     def windows_needed(self) -> int:
         return self.n_windows
 
 
-COMPETITION_PROBES = ("qa", "context")
+class _AnswerPrefix(Check):
+    """An answer prefix the qa prompt can use: text, not padded with spaces (the
+    candidates bring their own), no field other than {person}."""
+
+    def clean(self, name, value):
+        import string
+
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: expected text, got {value!r}")
+        if value != value.strip():
+            raise ConfigError(f"{name}: expected no leading or trailing spaces (the "
+                              f"candidates bring their own), got {value!r}")
+        try:
+            found = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        except ValueError as error:
+            raise ConfigError(f"{name}: {error} in {value!r}") from None
+        if found - {"person"}:
+            raise ConfigError(f"{name}: only {{person}} may be filled in, got {value!r}")
+        return value
+
+
+class _Taus(Check):
+    """N* thresholds, each > 0 (the probe decides their unit), or None (its default)."""
+
+    def clean(self, name, value):
+        if value is None:
+            return None
+        taus = tuple(v.number(name, t, low=0.0, low_open=True) for t in v.as_tuple(value, name))
+        if not taus:
+            raise ConfigError(f"{name}: expected at least one threshold")
+        return tuple(dict.fromkeys(taus))
 
 
 @command("competition", help="retrieval under competition: the qa and context probes",
@@ -615,86 +729,82 @@ class CompetitionConfig(RunConfig):
     the background (qa) or the documents (context); by default WikiText-2's test
     articles."""
 
-    probe: str = option("qa", help="qa (bAbI qa1 under background text) or context "
-                        "(nested context-length sweep)")
-    rankings: tuple[str, ...] = option(("attention",), help="which N keys are kept: "
-                                       "attention, contribution or random")
-    renormalize: tuple[bool, ...] = option((False,), help="renormalise the kept "
-                                           "probabilities: true, false or both")
-    taus: tuple[float, ...] | None = option(
-        None, help="N* thresholds: qa, answer-loss increase in nats (default 0.1,0.2); "
-        "context, relative NLL increase in (0, 1) (default 0.01,0.05,0.1)")
-    bootstrap: int = option(1000, help="bootstrap replicates over examples / documents")
-    backgrounds: tuple[int, ...] = option((0, 256, 512, 1024), help="qa: tokens of "
-                                          "background text around the facts")
-    n_episodes: int = option(60, help="qa: generated episodes per background")
-    facts: tuple[int, ...] = option((2, 6), help="qa: fewest and most movement facts "
-                                    "per episode", metavar="MIN,MAX")
-    prompt_format: str = option("auto", help="qa: plain, chat (the model's chat "
-                                "template) or auto (chat where the tokenizer has one)")
-    answer_prefix: str = option("", help="qa: words that open the answer before the "
-                                "scored position, {person} the asked person (e.g. "
-                                "'{person} is in the' for an instruct model's chat turn)",
-                                fingerprint="unless_default")
-    babilong: str | None = option(None, help="qa: real BABILong rows (a dataset split "
-                                  "name or a local .jsonl) instead of generated episodes")
-    positional: bool = option(True, help="qa: add the positional control (the initial "
-                              "token and the N-1 most recent)")
-    grid_max: int = option(256, help="qa: largest N of the power-of-two grid")
-    nstar: bool = option(True, help="search N* (false: answers and support only)")
-    lengths: tuple[int, ...] = option((256, 512, 1024, 2048), help="context: lengths L "
-                                      "of the nested windows")
-    tail: int = option(128, help="context: final targets scored at every L (tail128)")
+    default_corpus: ClassVar[str] = "wikitext-2-test"
 
-    def __post_init__(self) -> None:
-        s = object.__setattr__
-        if self.corpus is None:  # WikiText-2's test articles: documents long enough for L
-            with contextlib.suppress(ConfigError):
-                s(self, "corpus", asset("wikitext-2-test", "--corpus"))
-        super().__post_init__()
-        v.one_of("probe", self.probe, COMPETITION_PROBES)
-        s(self, "rankings", v.choices("rankings", self.rankings, RULES))
-        flags = v.as_tuple(self.renormalize, "renormalize")
-        if any(isinstance(x, str) and x.strip().lower() == "both" for x in flags):
-            flags = (False, True)
-        s(self, "renormalize", v.flags("renormalize", flags))
-        if self.taus is not None:
-            taus = tuple(v.number("taus", t, low=0.0, low_open=True)
-                         for t in v.as_tuple(self.taus, "taus"))
-            if not taus:
-                raise ConfigError("taus: expected at least one threshold")
-            if self.probe == "context" and max(taus) >= 1.0:
-                raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
-                                  f"context probe (5% is 0.05), got {max(taus)}")
-            s(self, "taus", tuple(dict.fromkeys(taus)))
-        s(self, "bootstrap", v.integer("bootstrap", self.bootstrap, low=0))
-        s(self, "backgrounds", tuple(dict.fromkeys(
-            v.integers("backgrounds", self.backgrounds, low=0))))
-        if not self.backgrounds:
-            raise ConfigError("backgrounds: expected at least one background length")
-        s(self, "n_episodes", v.integer("n_episodes", self.n_episodes, low=1))
+    corpus: str | None = option(
+        None, help="a .txt, .jsonl or .parquet file, a folder of them, asset:NAME, or "
+        "wikitext-103, wikitext-2, openwebtext: the background (qa) or the documents "
+        "(context) (default: the bundled WikiText-2 test articles)", metavar="CORPUS")
+    probe: str = option("qa", check=OneOf(PROBES),
+                        help="qa (bAbI qa1 under background text) or context (nested "
+                        "context-length sweep)")
+    rankings: tuple[str, ...] = option(("attention",), check=SubsetOf(RANKINGS),
+                                       help=f"which N keys are kept: {', '.join(RANKINGS)}")
+    renormalize: tuple[bool, ...] = option((False,), check=Flags(),
+                                           help="renormalise the kept probabilities: true, "
+                                           "false or both")
+    taus: tuple[float, ...] | None = option(
+        None, check=_Taus(),
+        help="N* thresholds: qa, answer-loss increase in nats (default 0.1,0.2); context, "
+        "relative NLL increase in (0, 1) (default 0.01,0.05,0.1)")
+    bootstrap: int = option(1000, check=Integer(0),
+                            help="bootstrap replicates over examples / documents (0: none)")
+    backgrounds: tuple[int, ...] = option((0, 256, 512, 1024), check=Lengths(0, empty=False),
+                                          help="qa: tokens of background text around the "
+                                          "facts (each prompt must fit the model's positions)")
+    n_episodes: int = option(60, check=Integer(1), help="qa: generated episodes per background")
+    facts: tuple[int, ...] = option((2, 6), metavar="MIN,MAX",
+                                    help="qa: fewest and most movement facts per episode")
+    prompt_format: str = option("auto", check=OneOf(("auto", "plain", "chat")),
+                                help="qa: plain, chat (the model's chat template) or auto "
+                                "(chat where the tokenizer has one)")
+    answer_prefix: str = option("", check=_AnswerPrefix(), fingerprint="unless_default",
+                                help="qa: words that open the answer before the scored "
+                                "position, {person} the asked person (e.g. '{person} is in "
+                                "the' for an instruct model's chat turn)")
+    babilong: str | None = option(None, check=Text(optional=True),
+                                  help="qa: real BABILong rows (a dataset split name or a "
+                                  "local .jsonl) instead of generated episodes")
+    positional: bool = option(True, check=Flag(),
+                              help="qa: add the positional control (the initial token and the "
+                              "N-1 most recent)")
+    grid_max: int = option(256, check=Integer(1),
+                           help="qa: largest N of the power-of-two grid")
+    nstar: bool = option(True, check=Flag(), help="search N* (false: answers and support only)")
+    lengths: tuple[int, ...] = option((256, 512, 1024, 2048),
+                                      check=Lengths(2, increasing=True),
+                                      help="context: lengths L of the nested windows, "
+                                      "increasing (each within the model's positions)")
+    tail: int = option(128, check=Integer(1),
+                       help="context: final targets scored at every L (tail128)")
+
+    def check_options(self) -> None:
+        super().check_options()
         facts = tuple(v.integer("facts", x, low=1) for x in v.as_tuple(self.facts, "facts"))
         if len(facts) != 2 or facts[0] > facts[1]:
             raise ConfigError(f"facts: expected MIN,MAX with 1 <= MIN <= MAX, got "
                               f"{','.join(map(str, facts))}")
-        s(self, "facts", tuple(facts))
-        v.one_of("prompt_format", self.prompt_format, ("auto", "plain", "chat"))
-        _check_answer_prefix(self.answer_prefix)
-        v.text("babilong", self.babilong, optional=True)
-        s(self, "grid_max", v.integer("grid_max", self.grid_max, low=1))
-        for name in ("positional", "nstar"):
-            value = getattr(self, name)
-            given = v.flags(name, (value,) if isinstance(value, bool) else value)
-            if len(given) != 1:
-                raise ConfigError(f"{name}: expected true or false, got {value!r}")
-            s(self, name, given[0])
-        s(self, "lengths", tuple(sorted(set(v.integers("lengths", self.lengths, low=2)))))
-        if not self.lengths:
-            raise ConfigError("lengths: expected at least one context length")
-        s(self, "tail", v.integer("tail", self.tail, low=1))
-        if self.probe == "context" and self.tail >= min(self.lengths):
-            raise ConfigError(f"tail: expected fewer scored targets than the shortest "
-                              f"length {min(self.lengths)}, got {self.tail}")
+        object.__setattr__(self, "facts", facts)
+        if self.probe == "context":
+            if self.taus is not None and max(self.taus) >= 1.0:
+                raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
+                                  f"context probe (5% is 0.05), got {max(self.taus)}")
+            if self.tail >= min(self.lengths):
+                raise ConfigError(f"tail: expected fewer scored targets than the shortest "
+                                  f"length {min(self.lengths)}, got {self.tail}")
+            _loss_rankings(self.rankings)
+
+    def check_model(self, shape: ModelShape) -> None:
+        limit = shape.max_positions
+        if self.probe == "context" and limit is not None and max(self.lengths) > limit:
+            raise ConfigError(f"lengths: expected lengths within {shape.name}'s {limit} "
+                              f"positions (valid: {self.tail + 1}..{limit}), got "
+                              f"{max(self.lengths)}")
+        if self.probe == "qa" and limit is not None and max(self.backgrounds) >= limit:
+            raise ConfigError(f"backgrounds: expected backgrounds that leave room for the "
+                              f"episode within {shape.name}'s {limit} positions (valid: "
+                              f"0..{limit - 1}, less the episode's tokens), got "
+                              f"{max(self.backgrounds)}")
 
     @property
     def effective_taus(self) -> tuple[float, ...]:
@@ -712,35 +822,16 @@ class CompetitionConfig(RunConfig):
         return d
 
 
-def _check_answer_prefix(prefix: object) -> None:
-    """One line for an answer prefix the qa prompt cannot use: not text, padded with
-    spaces (the candidates bring their own), or a field other than {person}."""
-    import string
-
-    if not isinstance(prefix, str):
-        raise ConfigError(f"answer_prefix: expected text, got {prefix!r}")
-    if prefix != prefix.strip():
-        raise ConfigError(f"answer_prefix: expected no leading or trailing spaces (the "
-                          f"candidates bring their own), got {prefix!r}")
-    try:
-        fields_ = {f for _, f, _, _ in string.Formatter().parse(prefix) if f is not None}
-    except ValueError as error:
-        raise ConfigError(f"answer_prefix: {error} in {prefix!r}") from None
-    if fields_ - {"person"}:
-        raise ConfigError(f"answer_prefix: only {{person}} may be filled in, got "
-                          f"{prefix!r}")
-
-
 def _probe_default(probe: str):
     """A ``CompetitionConfig`` subclass whose probe is ``probe`` (and must stay so)."""
 
-    def post_init(self) -> None:
-        CompetitionConfig.__post_init__(self)
+    def check_options(self) -> None:
+        CompetitionConfig.check_options(self)
         if self.probe != probe:
             raise ConfigError(f"probe: the {self.command} run is the {probe!r} probe, got "
                               f"{self.probe!r}")
 
-    return post_init
+    return check_options
 
 
 @command("competition-qa", help="the qa probe of competition, as a study part",
@@ -751,8 +842,8 @@ def _probe_default(probe: str):
 class CompetitionQAConfig(CompetitionConfig):
     """``competition --probe qa`` under its study name ``qa``."""
 
-    probe: str = option("qa", help="the probe (qa only)")
-    __post_init__ = _probe_default("qa")
+    probe: str = option("qa", check=OneOf(PROBES), help="the probe (qa only)")
+    check_options = _probe_default("qa")
 
 
 @command("competition-context", help="the context probe of competition, as a study part",
@@ -763,8 +854,8 @@ class CompetitionQAConfig(CompetitionConfig):
 class CompetitionContextConfig(CompetitionConfig):
     """``competition --probe context`` under its study name ``context``."""
 
-    probe: str = option("context", help="the probe (context only)")
-    __post_init__ = _probe_default("context")
+    probe: str = option("context", check=OneOf(PROBES), help="the probe (context only)")
+    check_options = _probe_default("context")
 
 
 @command("restrict-local", help="localised top-N restriction: one layer, then one head, "
@@ -776,11 +867,12 @@ class LocalRestrictConfig(RestrictConfig):
     """``restrict --scope head`` under its own name, so that a study runs it beside
     the whole-model restriction (study name ``local_restriction``)."""
 
-    scope: str = option("head", help="layer: N keys in one layer at a time; head: the "
-                        "layer scan, then each head of the most sensitive layers")
+    scope: str = option("head", check=OneOf(RESTRICT_SCOPES),
+                        help="layer: N keys in one layer at a time; head: the layer scan, "
+                        "then each head of the most sensitive layers")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_options(self) -> None:
+        super().check_options()
         if self.scope == "model":
             raise ConfigError("scope: restrict-local scans layers or heads (layer, head); "
                               "the whole model is restrict's")

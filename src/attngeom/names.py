@@ -1,53 +1,34 @@
-"""The names every layer shares: rules, metrics, regimes, rankers, analyses (one place each).
+"""The names every layer shares: one registry per kind of name, and the fixed option sets.
 
-A leaf module (no attngeom import, no torch), so the kernels, the configuration, the
-figures and the report all read one declaration of each name. See ``docs/method.md``
+A leaf module (no torch; it imports only ``attngeom.registry``), so the kernels, the
+configuration, the figures and the report all read one declaration of each name: the
+registries know their built-in names here and import their entries only when a run looks
+one up (``attngeom.registry``). See ``docs/method.md``
 for what each one means.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from attngeom.registry import Registry
 
-# --- top-N geometry (method: "Top-N selection")
-RULES = ("attention", "contribution", "random")
+# --- top-N geometry (method: "Top-N selection"); the kernels (core/selection.py) switch
+# on the rule's name, so this registry holds names only; ``control``: the random control
+RULES: Registry[None] = Registry("selection rule", option="rules",
+                                 builtins=("attention", "contribution",
+                                           ("random", {"control": True})))
+# the rules that rank keys by what the model computed (every rule but the control)
+MODEL_RULES = tuple(r for r in RULES if not (RULES.meta(r) or {}).get("control"))
 DISTANCES = ("euclidean", "cosine")
 VARIANTS = ("full", "no_sink")
 
-
-class _Names(Sequence):
-    """A read-only, ordered sequence of names that a registry extends at run time."""
-
-    def __init__(self, *names: str) -> None:
-        self._names = list(names)
-
-    def __getitem__(self, i):
-        return tuple(self._names[i]) if isinstance(i, slice) else self._names[i]
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return repr(tuple(self._names))
-
-    def _add(self, name: str) -> None:
-        self._names.append(name)
-
-    def _remove(self, name: str) -> None:
-        if name in self._names:
-            self._names.remove(name)
-
-
-# the built-in metrics, declared with how they are computed in ``core/metrics.py`` (which
-# checks this list); a metric registered there later (``register_metric``) joins it, and
-# every table, figure and test reads it live
-METRICS = _Names("precision", "recall", "f_score", "margin", "inversions")
-SEPARABILITY = METRICS[:3]  # precision, recall, F: what the figures and findings show
+# the metrics, each registered with how it is computed by ``core/metrics.py``; a metric
+# registered later (``register_metric``) joins them, and every table, figure and test
+# reads this registry live
+METRICS: Registry = Registry(
+    "metric", option="metrics",
+    builtins=("precision", "recall", "f_score", "margin", "inversions"),
+    module="attngeom.core.metrics")
+SEPARABILITY = METRICS.names()[:3]  # precision, recall, F: what the figures and findings show
 SINK = 0  # the sink is position 0
 # how the random control draws its orders (core/random_control.py); bumped when the
 # draws change, so a run is never resumed over shards of another scheme
@@ -60,17 +41,51 @@ NO_REGIME = "none"  # the label of a head with no valid query
 REGIME_RULES = ("single", "lumped")
 STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncertain
 
-# --- the analyses of ``attngeom analyze``: their names and tables are declared with the
-# table schemas (``results/schemas.py``), their accumulators in ``engine/analyses.py``
-ANALYSIS_NEEDS = {"bounds": ("metrics",)}  # the bounds sit beside the measured metrics
+# --- the analyses of ``attngeom analyze``, in the order they run: their tables are
+# declared with the table schemas (``results/schemas.py``), their accumulators registered
+# by ``engine/analyses.py``; ``needs`` the analyses whose tables each one reads
+ANALYSES: Registry = Registry(
+    "analysis", option="analyses",
+    builtins=("metrics", "sink", "taxonomy", ("bounds", {"needs": ("metrics",)}),
+              "assumptions"),
+    module="attngeom.engine.analyses")
 # the names study files used before the analyses had one name everywhere; still accepted
 # (by study files and ``--analyses``) and read as the name on the right
 ANALYSIS_ALIASES = {"geometry": "metrics", "diagnostics": "assumptions"}
 
 # --- interventions (method: "Interventions")
-RANKERS = ("taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity")
+# head rankers of ``prune`` (``interventions/rankers.py`` registers each)
+RANKERS: Registry = Registry(
+    "head ranker", option="rankers",
+    builtins=("taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity"),
+    module="attngeom.interventions.rankers")
+# which N keys a restriction keeps (``restrict --rankings``, ``competition --rankings``):
+# the geometry's rules as scores, and the positional control of the follow-up (App. E.5:
+# the initial token and the N - 1 most recent keys). ``fixed``: keys every budget holds.
+RANKINGS: Registry[None] = Registry(
+    "restriction ranking", option="rankings",
+    builtins=(*((r, {"kind": "score", "fixed": 0}) for r in RULES),
+              ("positional", {"kind": "policy", "fixed": 1})))
 RANKER_REGIMES = (MIXER, RESET, RETRIEVER)  # the taxonomy ranker's default order
 RESTRICT_SCOPES = ("model", "layer", "head")
+
+# --- head types of the atlas (``core/head_scores.py`` registers how each is scored):
+# a head is of the type when its score is >= ``threshold`` (<= for ``streaming``, whose
+# score is an output change). sink 0.3: Gu et al. 2024; retrieval 0.1: Wu et al. 2024;
+# the others are choices of attngeom (docs/method.md, "Head types").
+HEAD_TYPES: Registry = Registry(
+    "head type", option="thresholds",
+    builtins=(("previous_token", {"threshold": 0.4, "input": "corpus"}),
+              ("duplicate_token", {"threshold": 0.4, "input": "corpus"}),
+              ("induction", {"threshold": 0.4, "input": "repeats"}),
+              ("echo", {"threshold": 0.4, "input": "repeats"}),
+              ("sink", {"threshold": 0.3, "input": "corpus"}),
+              ("streaming", {"threshold": 0.1, "input": "corpus", "below": True}),
+              ("retrieval", {"threshold": 0.1, "input": "needles"})),
+)
+
+# --- probes of ``attngeom competition`` (``probes/competition.py`` registers each)
+PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context"))
 
 # --- windows and models
 DTYPES = ("float32", "float16", "bfloat16", "float64")

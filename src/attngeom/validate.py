@@ -1,4 +1,5 @@
-"""One check per kind of value: what a configuration field accepts (a leaf, no torch).
+"""One check per kind of value: what a configuration field accepts (a leaf: no torch, and
+no attngeom module but ``errors``).
 
 The configurations (``attngeom.config``) call these when they are built, so a bad value
 fails in a second with one line, before any model or corpus work; the kernels then
@@ -180,11 +181,11 @@ def parse_query_mode(mode: str) -> tuple[str, int]:
     )
 
 
-def boundary_options(doc_boundary: str, boundary_token: str | None) -> None:
-    """A document-boundary override: a known kind, and a token only where one is used."""
-    from attngeom.names import DOC_BOUNDARIES
-
-    one_of("doc_boundary", doc_boundary, DOC_BOUNDARIES)
+def boundary_options(doc_boundary: str, boundary_token: str | None,
+                     kinds: Sequence[str]) -> None:
+    """A document-boundary override: a known kind (of ``kinds``, ``names.DOC_BOUNDARIES``),
+    and a token only where one is used."""
+    one_of("doc_boundary", doc_boundary, kinds)
     if boundary_token is not None:
         text("boundary_token", boundary_token)
         if doc_boundary in ("auto", "none"):
@@ -200,3 +201,253 @@ def text(name: str, value, *, optional: bool = False) -> str | None:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{name}: expected a non-empty string, got {value!r}")
     return value
+
+
+# --------------------------------------------------------------------------- constraints
+# What each option accepts is declared beside it (``config.option(check=...)``), in the
+# spirit of scikit-learn's ``_parameter_constraints``: ``clean`` gives the value's normal
+# form or one line naming the option and the valid range, in a second, when a
+# configuration is built (CLI, API and study files alike); ``against`` checks what
+# depends on the model (its positions, layers and heads, read from its configuration
+# without loading weights: ``ModelShape``) before any weight is read.
+
+
+class ModelShape:
+    """What the checks need of a model, read from its configuration (no weights):
+    ``layers``, ``heads``, ``kv_heads``, ``max_positions`` (``None``: not stated),
+    ``is_causal``, and the class or name to say in messages."""
+
+    def __init__(self, *, layers: int, heads: int, kv_heads: int | None = None,
+                 max_positions: int | None = None, is_causal: bool = True,
+                 name: str = "the model") -> None:
+        self.layers, self.heads = int(layers), int(heads)
+        self.kv_heads = int(kv_heads or heads)
+        self.max_positions = int(max_positions) if max_positions else None
+        self.is_causal = bool(is_causal)
+        self.name = name
+
+    @classmethod
+    def from_dict(cls, facts: dict, name: str = "the model") -> ModelShape:
+        """From ``capture.inspect_model``'s dictionary."""
+        return cls(layers=facts["layers"], heads=facts["heads"], kv_heads=facts.get("kv_heads"),
+                   max_positions=facts.get("max_positions"),
+                   is_causal=facts.get("is_causal", True), name=name)
+
+
+class Check:
+    """An option's constraint: ``clean(name, value)`` -> the normal form (or one
+    ``ConfigError`` line); ``against(name, value, shape, config)`` checks what depends on
+    the model. ``describe()`` says what is valid, for the docs and the messages."""
+
+    def clean(self, name: str, value):
+        return value
+
+    def against(self, name: str, value, shape: ModelShape, config) -> None:
+        return None
+
+    def describe(self) -> str:
+        return ""
+
+
+class Integer(Check):
+    """An integer in [low, high]; ``none``: ``None`` is accepted (unset); ``zero_none``:
+    0 means unset too (``--n-windows 0``: every window)."""
+
+    def __init__(self, low: int | None = None, high: int | None = None, *,
+                 none: bool = False, zero_none: bool = False) -> None:
+        self.low, self.high, self.none, self.zero_none = low, high, none or zero_none, zero_none
+
+    def clean(self, name, value):
+        if value is None and self.none:
+            return None
+        out = integer(name, value, low=0 if self.zero_none else self.low)
+        if self.zero_none and out == 0:
+            return None
+        if self.zero_none and self.low is not None and out < self.low:
+            raise ConfigError(f"{name}: expected 0 or an integer >= {self.low}, got {out}")
+        if self.high is not None and out > self.high:
+            raise ConfigError(f"{name}: expected an integer <= {self.high}, got {out}")
+        return out
+
+    def describe(self) -> str:
+        return " and ".join(p for p in (f">= {self.low}" if self.low is not None else "",
+                                        f"<= {self.high}" if self.high is not None else "") if p)
+
+
+class Number(Check):
+    """A finite number in [low, high] (``low_open``/``high_open``: excluded)."""
+
+    def __init__(self, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, high_open: bool = False) -> None:
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+
+    def clean(self, name, value):
+        x = number(name, value, low=self.low, high=self.high, low_open=self.low_open)
+        if self.high_open and self.high is not None and x >= self.high:
+            raise ConfigError(f"{name}: expected a number < {self.high:g}, got {value!r}")
+        return x
+
+
+class OneOf(Check):
+    """One name of ``allowed`` (a sequence, or a ``Registry``: did-you-mean errors)."""
+
+    def __init__(self, allowed, *, none: bool = False) -> None:
+        self.allowed, self.none = allowed, none
+
+    def clean(self, name, value):
+        if value is None and self.none:
+            return None
+        if hasattr(self.allowed, "check"):
+            return self.allowed.check(value, name)
+        return one_of(name, value, self.allowed)
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(map(str, self.allowed))
+
+
+class SubsetOf(Check):
+    """A non-empty selection of ``allowed`` (sequence or ``Registry``), order kept."""
+
+    def __init__(self, allowed) -> None:
+        self.allowed = allowed
+
+    def clean(self, name, value):
+        if hasattr(self.allowed, "choices"):
+            return self.allowed.choices(value, name)
+        return choices(name, value, self.allowed)
+
+
+class Text(Check):
+    def __init__(self, *, optional: bool = False) -> None:
+        self.optional = optional
+
+    def clean(self, name, value):
+        return text(name, value, optional=self.optional)
+
+
+class Flag(Check):
+    """One boolean, given as a bool or as text (true / false)."""
+
+    def clean(self, name, value):
+        given = flags(name, (value,) if isinstance(value, bool) else value)
+        if len(given) != 1:
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return given[0]
+
+
+class Flags(Check):
+    """True, false or both (``both``), as bools or text; order kept."""
+
+    def clean(self, name, value):
+        items = as_tuple(value, name)
+        if any(isinstance(x, str) and x.strip().lower() == "both" for x in items):
+            items = (False, True)
+        return flags(name, items)
+
+
+class Sizes(Check):
+    """Set sizes N (integers >= 1, sorted, duplicates dropped). ``below_window``: every N
+    must be below the window length (N < |U| for some query; N >= T defines nothing)."""
+
+    def __init__(self, *, below_window: bool = False) -> None:
+        self.below_window = below_window
+
+    def clean(self, name, value):
+        return n_grid(value, name)
+
+    def against(self, name, value, shape, config) -> None:
+        if self.below_window and value and max(value) >= config.window_length:
+            bad = [n for n in value if n >= config.window_length]
+            raise ConfigError(f"{name}: expected every N below the window length "
+                              f"{config.window_length} (N < T: a query sees at most T keys), "
+                              f"got {bad[0]}")
+
+
+class Lengths(Check):
+    """Token counts (integers >= ``low``); ``increasing``: given in increasing order
+    (duplicates refused); ``empty``: none allowed. Every one must fit the model's
+    positions (``positions``, checked against the model)."""
+
+    def __init__(self, low: int = 1, *, increasing: bool = False, empty: bool = False,
+                 positions: bool = True, extra: int = 0) -> None:
+        self.low, self.increasing, self.empty = low, increasing, empty
+        self.positions, self.extra = positions, extra
+
+    def clean(self, name, value):
+        items = as_tuple(value, name)
+        if not items and not self.empty:
+            raise ConfigError(f"{name}: expected at least one length")
+        out = tuple(integer(name, x, low=self.low) for x in items)
+        if self.increasing and any(b <= a for a, b in zip(out, out[1:], strict=False)):
+            raise ConfigError(f"{name}: expected increasing lengths, got "
+                              f"{','.join(map(str, out))}")
+        if not self.increasing and len(set(out)) != len(out):
+            out = tuple(dict.fromkeys(out))
+        return out
+
+    def against(self, name, value, shape, config) -> None:
+        limit = shape.max_positions
+        if self.positions and limit is not None and value:
+            top = max(value) + self.extra
+            if top > limit:
+                raise ConfigError(f"{name}: expected lengths that fit {shape.name}'s {limit} "
+                                  f"positions (valid: up to {limit - self.extra}), got "
+                                  f"{max(value)}")
+
+
+class WindowLength(Integer):
+    """The window length T: an integer >= 2 within the model's positions."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def against(self, name, value, shape, config) -> None:
+        limit = shape.max_positions
+        if limit is not None and value > limit:
+            raise ConfigError(f"{name}: expected at most {shape.name}'s {limit} positions "
+                              f"(valid: 2..{limit}), got {value}")
+
+
+class Layers(Check):
+    """Layer indices (sorted, distinct), each below the model's layer count; ``None``:
+    every layer."""
+
+    def clean(self, name, value):
+        if value is None:
+            return None
+        return tuple(sorted(integers(name, value, low=0)))
+
+    def against(self, name, value, shape, config) -> None:
+        bad = [x for x in value or () if x >= shape.layers]
+        if bad:
+            raise ConfigError(f"{name}: expected layers in 0..{shape.layers - 1} "
+                              f"({shape.name} has {shape.layers}), got {bad[0]}")
+
+
+class HeadPairs(Check):
+    """(layer, head) pairs, each inside the model; ``None``: every head."""
+
+    def clean(self, name, value):
+        return head_pairs(name, value)
+
+    def against(self, name, value, shape, config) -> None:
+        for layer, head in value or ():
+            if layer >= shape.layers or head >= shape.heads:
+                raise ConfigError(f"{name}: expected LAYER:HEAD within {shape.layers} layers "
+                                  f"and {shape.heads} heads of {shape.name} (valid: "
+                                  f"0..{shape.layers - 1}:0..{shape.heads - 1}), got "
+                                  f"{layer}:{head}")
+
+
+def check_config(config, shape: ModelShape) -> None:
+    """Every model-dependent constraint of ``config``'s options, then its own
+    ``check_model`` (the checks that read several options at once)."""
+    from dataclasses import fields
+
+    for f in fields(config):
+        chk = f.metadata.get("check")
+        if chk is not None:
+            chk.against(f.name, getattr(config, f.name), shape, config)
+    extra = getattr(config, "check_model", None)
+    if extra is not None:
+        extra(shape)

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from attngeom.core.head_scores import HEAD_TYPES
 from attngeom.errors import ConfigError
+from attngeom.names import HEAD_TYPES
 from attngeom.probes.atlas import CUE, corpus_scores, head_atlas, make_needles, side_by_side
 from attngeom.results.schemas import SCHEMAS
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH

@@ -24,7 +24,8 @@ def test_defaults_and_both():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rankings": "gradient"}, "rankings: expected .*attention, contribution, random"),
+        ({"rankings": "gradient"}, "rankings: unknown restriction ranking .gradient. "
+                                   ".known: attention, contribution, random"),
         ({"taus": "5"}, r"taus: expected relative thresholds in \(0, 1\)"),
         ({"taus": "0"}, r"taus: expected relative thresholds in \(0, 1\)"),
         ({"taus": "0.05,1"}, r"in \(0, 1\).*got 1"),

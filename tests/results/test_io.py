@@ -33,7 +33,7 @@ from attngeom.results.manifest import (
     directory_sha256,
     file_sha256,
 )
-from attngeom.results.schemas import ROW_KEYS, SCHEMAS, TABLE_NAMES, validate_table
+from attngeom.results.schemas import ROW_KEYS, SCHEMAS, validate_table
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "attngeom" / "results"
 STORIES_HF = Path(asset("stories260K"))
@@ -92,7 +92,7 @@ def metrics_frame(seed: int = 0) -> pd.DataFrame:
 
 
 def test_schemas_cover_internals_tables():
-    assert TABLE_NAMES == INTERNALS_TABLES
+    assert SCHEMAS.names() == INTERNALS_TABLES
     for name, cols in SCHEMAS.items():
         assert list(cols)[:2] == ["model", "corpus"], name
         assert set(cols.values()) <= {"string", "int64", "float64", "bool"}
@@ -113,7 +113,7 @@ def test_validate_table():
         validate_table("head_scan", head_scan().drop(columns=["nll"]), source="x.parquet")
     with pytest.raises(ConfigError, match="column layer: expected int64, got"):
         validate_table("head_scan", head_scan().assign(layer="zero"))
-    with pytest.raises(ConfigError, match="table: expected one of metrics, "):
+    with pytest.raises(ConfigError, match="table: unknown table .metric.; did you mean .metrics."):
         validate_table("metric", head_scan())
 
 
@@ -132,7 +132,7 @@ def test_results_imports_no_torch():
                 top = name.split(".")[0]
                 if top == "attngeom":
                     assert name.startswith(("attngeom.errors", "attngeom.names",
-                                            "attngeom.results")), (path, name)
+                                            "attngeom.registry", "attngeom.results")), (path, name)
                 else:
                     import sys
 

@@ -21,7 +21,7 @@ from attngeom.core.geometry import TopNMetrics, topn_metrics_variants
 from attngeom.core.kernels import stacked_windows, temp_bytes
 from attngeom.core.protocol import Accumulator
 from attngeom.errors import ConfigError
-from attngeom.names import METRICS, VARIANTS
+from attngeom.names import METRICS, RULES, VARIANTS
 
 _BOUND_CHUNK_BYTES = 256 * 2**20  # the bound rows' own temporaries (kernels.temporaries)
 
@@ -39,7 +39,7 @@ class TopNConfig:
     """What the geometry pass computes; see method §4 for every choice."""
 
     n_grid: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    rules: tuple[str, ...] = ("attention", "contribution", "random")
+    rules: tuple[str, ...] = RULES.names()
     distances: tuple[str, ...] = ("euclidean",)
     variants: tuple[str, ...] = VARIANTS
     repeats: int = 16

@@ -35,23 +35,22 @@ from torch import Tensor
 from attngeom.core.batch import AttentionBatch
 from attngeom.core.protocol import Accumulator, check_disjoint
 from attngeom.errors import ConfigError
+from attngeom.names import HEAD_TYPES
 
 SINK = 0
 
-# Binary head types: a head is of the type when its score is >= the threshold, except
-# ``streaming`` (a head is streaming when its output changes by <= the threshold).
-# sink 0.3: Gu et al. 2024; retrieval 0.1: Wu et al. 2024; the others are choices of
-# attngeom (docs/method.md, "Head types").
-HEAD_TYPE_THRESHOLDS: dict[str, float] = {
-    "previous_token": 0.4,
-    "duplicate_token": 0.4,
-    "induction": 0.4,
-    "echo": 0.4,
-    "sink": 0.3,
-    "streaming": 0.1,
-    "retrieval": 0.1,
-}
-HEAD_TYPES: tuple[str, ...] = tuple(HEAD_TYPE_THRESHOLDS)
+
+
+def threshold(name: str) -> float:
+    """The published (or attngeom's) threshold of head type ``name`` (``names.HEAD_TYPES``:
+    a head is of the type when its score is >= it, or <= it where the type says
+    ``below``)."""
+    return float(HEAD_TYPES.meta(name)["threshold"])
+
+
+def below(name: str) -> bool:
+    """Whether a head is of type ``name`` when its score is at most the threshold."""
+    return bool(HEAD_TYPES.meta(name).get("below", False))
 
 
 def _check(alpha: Tensor, query_positions: Tensor) -> tuple[int, int, int]:
@@ -221,17 +220,18 @@ def row_sums(score: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def head_labels(scores: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Binary head types from scores (``HEAD_TYPE_THRESHOLDS``): >= threshold, streaming
-    <= threshold; a NaN score gives False."""
+    """Binary head types from scores (``threshold``): >= threshold, or <= for the types
+    that say ``below`` (streaming); a NaN score gives False."""
     out = {}
     for name, s in scores.items():
-        thr = HEAD_TYPE_THRESHOLDS[name]
-        out[name] = (s <= thr) if name == "streaming" else (s >= thr)
+        thr = threshold(name)
+        out[name] = (s <= thr) if below(name) else (s >= thr)
         out[name] = out[name] & ~torch.isnan(s)
     return out
 
 
-CORPUS_SCORES = ("previous_token", "duplicate_token", "sink", "streaming")
+# the head types scored on corpus rows (the others on repeated tokens and needles)
+CORPUS_SCORES = tuple(n for n in HEAD_TYPES if HEAD_TYPES.meta(n)["input"] == "corpus")
 
 
 class HeadScoreAccumulator(Accumulator):

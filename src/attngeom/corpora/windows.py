@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from attngeom.errors import ConfigError, CorpusError
+from attngeom.names import DOC_BOUNDARIES
 from attngeom.validate import boundary_options
 
 __all__ = [
@@ -177,7 +178,7 @@ def boundary_policy(
     >>> boundary_policy(tokenizer).kind, boundary_policy(tokenizer).token
     ('bos', '<s>')
     """
-    boundary_options(doc_boundary, boundary_token)
+    boundary_options(doc_boundary, boundary_token, DOC_BOUNDARIES)
     name = type(tokenizer).__name__
     prefix, suffix = special_token_frame(tokenizer)
     bos = getattr(tokenizer, "bos_token_id", None)

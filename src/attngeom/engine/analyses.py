@@ -1,11 +1,11 @@
 """The registry of analyses: what each one computes, from what, and which tables it writes.
 
-One ``Analysis`` per analysis of ``results.schemas.ANALYSES`` (where its tables are
-declared): its accumulator factory and the step that turns its raw columns into the
-run's tables (joins with other analyses' tables included); what an analysis needs is
-``names.ANALYSIS_NEEDS``, which the configuration enforces. ``AnalysisSet`` is the running
-set of one run's accumulators; ``attngeom analyze`` and the taxonomy ranker of
-``attngeom prune`` both stream windows into one. Adding an analysis is one
+One ``Analysis`` registered in ``names.ANALYSES`` per analysis (its tables are declared in
+``results.schemas``): its accumulator factory and the step that turns its raw columns
+into the run's tables (joins with other analyses' tables included); what an analysis
+needs is declared with its name (``ANALYSES.meta``), which the configuration enforces.
+``AnalysisSet`` is the running set of one run's accumulators; ``attngeom analyze`` and
+the taxonomy ranker of ``attngeom prune`` both stream windows into one. Adding an analysis is one
 ``register`` call here plus its accumulator in ``core`` (``docs/extending.md``).
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from attngeom.core.batch import AttentionBatch
 from attngeom.core.protocol import Accumulator
 from attngeom.engine import tables as tb
+from attngeom.names import ANALYSES
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,8 @@ class Analysis:
         return analysis_tables(self.name)
 
 
-REGISTRY: dict[str, Analysis] = {}
-
-
 def register(analysis: Analysis) -> Analysis:
-    REGISTRY[analysis.name] = analysis
-    return analysis
+    return ANALYSES.register(analysis.name, analysis)
 
 
 # --------------------------------------------------------------------------- the five
@@ -133,8 +130,8 @@ class AnalysisSet:
     @classmethod
     def create(cls, config, context: AnalysisContext | None = None) -> AnalysisSet:
         context = context or AnalysisContext()
-        names = [n for n in REGISTRY if n in config.analyses]
-        return cls(config, context, {n: REGISTRY[n].make(config, context) for n in names})
+        names = [n for n in ANALYSES if n in config.analyses]
+        return cls(config, context, {n: ANALYSES[n].make(config, context) for n in names})
 
     def update_many(self, batches: list[AttentionBatch]) -> None:
         """The windows of one forward batch at one layer, to every accumulator."""
@@ -158,7 +155,7 @@ class AnalysisSet:
                 frames[name] = tb.frame(cols, model=model, corpus=corpus)
         internal = set()
         for name in self.items:
-            spec = REGISTRY[name]
+            spec = ANALYSES[name]
             internal |= set(spec.internal)
             if spec.finish is not None:
                 spec.finish(frames, self.config, self.context)

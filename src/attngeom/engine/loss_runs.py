@@ -25,7 +25,8 @@ from attngeom.engine.runner import Command, RunContext, units_of
 from attngeom.errors import ConfigError
 from attngeom.interventions import sweeps
 from attngeom.interventions.perplexity import NLLResult
-from attngeom.interventions.rankers import DEFAULT_ORDER, RANKERS, add_stats
+from attngeom.interventions.rankers import DEFAULT_ORDER, add_stats
+from attngeom.names import RANKERS
 
 
 def _stack(windows) -> torch.Tensor:

@@ -13,6 +13,7 @@ import numpy as np
 from attngeom.core.accumulators import SINK_EFFECT_COLUMNS
 from attngeom.core.geometry import METRICS
 from attngeom.core.stats import bootstrap_mean_ci
+from attngeom.names import RULES
 
 SUMMARY_KEYS = ("rule", "variant", "distance", "n")
 
@@ -139,7 +140,7 @@ def bounds_table(bounds, summary):
     return base.merge(wide, on=["layer", "head", "n"], how="left")
 
 
-def headline(summary, *, rules: Sequence[str] = ("attention", "contribution", "random")):
+def headline(summary, *, rules: Sequence[str] = RULES.names()):
     """The demo's table: F_N by rule and N over all heads (full universe, euclidean)."""
     sel = summary[
         (summary["scope"] == "model") & (summary["metric"] == "f_score")

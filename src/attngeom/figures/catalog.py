@@ -31,6 +31,7 @@ from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, f
 from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
 from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
 from attngeom.names import MIXER, RESET, RETRIEVER, SEPARABILITY, STABLE
+from attngeom.registry import Registry
 
 
 @dataclass
@@ -65,14 +66,15 @@ class FigureSpec:
     make: Callable[[Group], Plot | None]
 
 
-CATALOG: list[FigureSpec] = []
+# the run figures in report order (``FigureSpec`` entries)
+CATALOG: Registry[FigureSpec] = Registry("figure", option="figures")
 
 
 def figure(name: str, section: str):
     """Register ``make(group) -> Plot | None`` as figure ``name`` of report ``section``."""
 
     def register(make):
-        CATALOG.append(FigureSpec(name, section, make))
+        CATALOG.register(name, FigureSpec(name, section, make))
         return make
 
     return register

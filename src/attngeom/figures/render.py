@@ -74,7 +74,7 @@ def render_figures(run: RunTables, out_dir, formats=("png", "pdf")) -> RenderRes
         tables["summary"] = _only(summary, model, corpus)
         group = Group(model, corpus, {k: v for k, v in tables.items() if v is not None},
                       source)
-        for spec in CATALOG:
+        for spec in CATALOG.values():
             plot = spec.make(group)
             if plot is None:
                 continue

@@ -54,7 +54,7 @@ def load_run(run_dir) -> RunTables:
     and for a listed table that is missing or corrupt.
     """
     from attngeom.results import io
-    from attngeom.results.schemas import TABLE_NAMES, table_file
+    from attngeom.results.schemas import SCHEMAS, table_file
 
     run_dir = Path(run_dir)
     manifest = io.read_manifest(run_dir)
@@ -63,9 +63,9 @@ def load_run(run_dir) -> RunTables:
         raise RunDirError(f"corrupt manifest {run_dir / io.MANIFEST_NAME}: expected "
                           f"'tables' to map table names to files, got {type(listed).__name__}")
     run = RunTables(run_dir=run_dir, manifest=manifest)
-    run.unknown = [name for name in listed if name not in TABLE_NAMES]
+    run.unknown = [name for name in listed if name not in SCHEMAS]
     present = set(io.available_tables(run_dir))
-    for name in TABLE_NAMES:
+    for name in SCHEMAS.names():
         if name not in listed and name not in present:
             continue
         path = run_dir / table_file(name)

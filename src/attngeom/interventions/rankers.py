@@ -35,7 +35,7 @@ from attngeom.capture import capture_attention, head_weights, input_device, mode
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import window_gates
 from attngeom.interventions.perplexity import check_windows, head_removal_sums, window_nll
-from attngeom.names import NO_REGIME, RANKER_REGIMES
+from attngeom.names import NO_REGIME, RANKER_REGIMES, RANKERS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -339,12 +339,8 @@ class Ranker:
                          taxonomy=taxonomy)
 
 
-RANKERS: dict[str, Ranker] = {}
-
-
 def register(ranker: Ranker) -> Ranker:
-    RANKERS[ranker.name] = ranker
-    return ranker
+    return RANKERS.register(ranker.name, ranker)
 
 
 def _taxonomy_rank(model, *, taxonomy, order=DEFAULT_ORDER, **_):
@@ -364,9 +360,7 @@ register(Ranker("sensitivity", _sensitivity_rank, batch_stats=sensitivity_stats,
 
 
 def ranker(name: str) -> Ranker:
-    """The registered ranker ``name`` (``ConfigError`` listing the valid ones otherwise)."""
-    if name not in RANKERS:
-        raise ConfigError(f"ranker: expected one of {', '.join(RANKERS)}, got {name!r}")
+    """The registered ranker ``name`` (a did-you-mean ``ConfigError`` otherwise)."""
     return RANKERS[name]
 
 

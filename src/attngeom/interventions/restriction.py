@@ -37,9 +37,9 @@ from attngeom.capture import (
 from attngeom.core.kernels import ORDER_MIN, hash32_rows, hashed_positions
 from attngeom.core.random_control import row_states
 from attngeom.errors import ConfigError
+from attngeom.names import RANKINGS, RULES
 
-RANKINGS = ("attention", "contribution", "random")
-
+SCORED = RULES.names()  # the rankings that keep the n keys of highest score
 
 # query rows per ``topk`` block when rows say how far their visible keys reach: a causal
 # block of 128 rows at T = 1024 reads on average 56% of the columns a full row would
@@ -341,8 +341,10 @@ def restrict_topn(
     n = _check_int(n, "n", 1)
     if not isinstance(renormalize, bool):
         raise ConfigError(f"expected renormalize to be True or False, got {renormalize!r}")
-    if ranking not in RANKINGS:
-        raise ConfigError(f"ranking: expected one of {', '.join(RANKINGS)}, got {ranking!r}")
+    if RANKINGS.check(ranking, "ranking") not in SCORED:
+        raise ConfigError(f"ranking: restrict_topn keeps the top-n keys of a score "
+                          f"({', '.join(SCORED)}); {ranking} is a policy: use "
+                          "interventions.selection.restriction")
     seed = _check_int(seed, "seed", -(2**63))
     ids = windows if isinstance(windows, WindowIds) else WindowIds(windows)
     selection = _selection(model, layers, heads)

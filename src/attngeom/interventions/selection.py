@@ -24,8 +24,7 @@ import torch
 
 from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
 from attngeom.errors import ConfigError
-
-RANKINGS = ("attention", "contribution", "positional")
+from attngeom.names import RANKINGS
 
 
 def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,9 +80,8 @@ def positional_restriction(model: torch.nn.Module, n: int, *,
 
 
 def check_ranking(ranking: str) -> str:
-    if ranking not in RANKINGS:
-        raise ConfigError(f"expected ranking in {list(RANKINGS)}, got {ranking!r}")
-    return ranking
+    """``ranking`` if it is a registered restriction ranking (``names.RANKINGS``)."""
+    return RANKINGS.check(ranking, "ranking")
 
 
 @contextlib.contextmanager

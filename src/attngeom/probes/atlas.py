@@ -40,7 +40,7 @@ from attngeom.capture import capture_attention, input_device
 from attngeom.core import head_scores as hs
 from attngeom.core.agreement import cohens_kappa
 from attngeom.errors import ConfigError
-from attngeom.names import REGIMES
+from attngeom.names import HEAD_TYPES, REGIMES
 
 CUE = " The secret code is"
 NO_TYPE = "(none)"
@@ -403,8 +403,8 @@ def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = Non
     add("retrieval", "needle", {layer: (v, n_ok) for layer, v in retrieval.items()}
         if n_ok else {})
     df = pd.DataFrame(rows, columns=["layer", "head", "score", "value", "n_samples", "inputs"])
-    df["threshold"] = df["score"].map(hs.HEAD_TYPE_THRESHOLDS)
-    labels = np.where(df["score"] == "streaming", df["value"] <= df["threshold"],
+    df["threshold"] = df["score"].map(hs.threshold)
+    labels = np.where(df["score"].map(hs.below), df["value"] <= df["threshold"],
                       df["value"] >= df["threshold"])
     df["is_type"] = labels & df["value"].notna()
     df.insert(0, "corpus", corpus_label)
@@ -420,7 +420,7 @@ def head_type_labels(head_scores: pd.DataFrame) -> pd.DataFrame:
     """One row per (layer, head), one bool column per head type (``is_type``)."""
     wide = head_scores.pivot_table(index=["layer", "head"], columns="score", values="is_type",
                                    aggfunc="first")
-    wide = wide.reindex(columns=[c for c in hs.HEAD_TYPES if c in wide.columns])
+    wide = wide.reindex(columns=[c for c in HEAD_TYPES if c in wide.columns])
     return wide.fillna(False).astype(bool).reset_index()
 
 
@@ -429,7 +429,7 @@ def side_by_side(head_scores: pd.DataFrame, taxonomy: pd.DataFrame | None = None
     """The contingency, kappa, depth and F_N tables (module docstring); without a
     taxonomy only the head types' depth profile."""
     labels = head_type_labels(head_scores)
-    types = [c for c in hs.HEAD_TYPES if c in labels.columns]
+    types = [c for c in HEAD_TYPES if c in labels.columns]
     if taxonomy is not None:
         tax = taxonomy[["layer", "head", "regime"]].drop_duplicates(["layer", "head"])
         labels = labels.merge(tax, on=["layer", "head"], how="inner")

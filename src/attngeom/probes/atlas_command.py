@@ -22,6 +22,7 @@ from attngeom.config import AnalysisConfig, RunConfig
 from attngeom.engine.progress import say
 from attngeom.engine.runner import Command, RunContext
 from attngeom.errors import ConfigError
+from attngeom.names import HEAD_TYPES
 
 
 def analysis_config(cfg) -> AnalysisConfig:
@@ -37,21 +38,19 @@ def analysis_config(cfg) -> AnalysisConfig:
 def with_thresholds(head_scores, thresholds: tuple[str, ...]):
     """``head_scores`` with its ``threshold`` and ``is_type`` columns recomputed for the
     thresholds given as ``NAME=VALUE`` (the others keep the published ones)."""
-    from attngeom.core.head_scores import HEAD_TYPES
+    from attngeom.core.head_scores import below
 
     if not thresholds:
         return head_scores
     given = dict(item.split("=", 1) for item in thresholds)
-    unknown = [n for n in given if n not in HEAD_TYPES]
-    if unknown:
-        raise ConfigError(f"thresholds: expected head types among {', '.join(HEAD_TYPES)}, "
-                          f"got {unknown[0]!r}")
+    for name in given:
+        HEAD_TYPES.check(name, "thresholds")
     df = head_scores.copy()
     for name, value in given.items():
         df.loc[df["score"] == name, "threshold"] = float(value)
-    streaming = df["score"] == "streaming"
-    df["is_type"] = ((streaming & (df["value"] <= df["threshold"]))
-                     | (~streaming & (df["value"] >= df["threshold"]))) & df["value"].notna()
+    low = df["score"].map(below)
+    df["is_type"] = ((low & (df["value"] <= df["threshold"]))
+                     | (~low & (df["value"] >= df["threshold"]))) & df["value"].notna()
     return df
 
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from attngeom.corpora.documents import probe_documents
 from attngeom.errors import ConfigError
+from attngeom.names import PROBES
 from attngeom.probes.qa_probe import Selection
 
-PROBES = ("qa", "context")
 DEFAULT_SELECTIONS = (Selection("attention", False),)
 
 
@@ -62,8 +62,7 @@ def competition(model, probe: str = "qa", *, tokenizer=None, corpus: str | None 
     has a template); the one used is in ``competition_settings``. ``corpus``: the
     background (qa) or document (context) corpus, WikiText-2's test articles by default.
     """
-    if probe not in PROBES:
-        raise ConfigError(f"expected probe in {list(PROBES)}, got {probe!r}")
+    PROBES.check(probe)
     model, tokenizer, name = _model(model, tokenizer)
     name = model_name or name
     from attngeom.capture import model_layout

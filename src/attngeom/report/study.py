@@ -21,7 +21,7 @@ from attngeom.figures.style import DPI, save
 from attngeom.report.findings import main_rows
 from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
 from attngeom.results.io import read_table
-from attngeom.results.schemas import TABLE_NAMES
+from attngeom.results.schemas import SCHEMAS
 
 
 def _load(study_dir: Path) -> tuple[dict, dict]:
@@ -33,7 +33,7 @@ def _load(study_dir: Path) -> tuple[dict, dict]:
         raise RunDirError(f"cannot read {study_dir / 'study.json'}: {e}") from None
     tables = {}
     for name in record.get("tables", {}):
-        if name in TABLE_NAMES:
+        if name in SCHEMAS:
             tables[name] = read_table(study_dir / "tables", name)
     return record, tables
 

@@ -7,7 +7,7 @@ the standard library, and only when a name below is first used, so importing
 
 - ``io``: ``write_table``, ``read_table``, ``available_tables``, ``write_manifest``,
   ``read_manifest``, ``prepare_run_dir``
-- ``schemas``: ``SCHEMAS``, ``ROW_KEYS``, ``TABLE_NAMES``, ``validate_table``
+- ``schemas``: ``SCHEMAS`` (the tables' registry), ``ROW_KEYS``, ``validate_table``
 - ``manifest``: ``build_manifest``, ``config_fingerprint``, ``file_sha256``,
   ``directory_sha256``
 """
@@ -26,7 +26,6 @@ _EXPORTS = {
     "MANIFEST_NAME": "io",
     "SCHEMAS": "schemas",
     "ROW_KEYS": "schemas",
-    "TABLE_NAMES": "schemas",
     "validate_table": "schemas",
     "build_manifest": "manifest",
     "config_fingerprint": "manifest",

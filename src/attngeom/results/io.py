@@ -177,9 +177,9 @@ def read_table(run_dir, name: str):
 
 
 def available_tables(run_dir) -> list[str]:
-    """Names of the tables whose files ``run_dir`` holds, in ``schemas.TABLE_NAMES`` order."""
+    """Names of the tables whose files ``run_dir`` holds, in ``schemas.SCHEMAS`` order."""
     run_dir = _existing_dir(run_dir)
-    return [n for n in schemas.TABLE_NAMES if (run_dir / f"{n}.parquet").is_file()]
+    return [n for n in schemas.SCHEMAS.names() if (run_dir / f"{n}.parquet").is_file()]
 
 
 # --------------------------------------------------------------------------- manifest
@@ -231,7 +231,7 @@ REPORT_DIR = "report"  # written by ``attngeom report`` inside a run directory
 
 def _own_names(manifest: dict | None) -> set[str]:
     """Top-level names in a run directory that attngeom wrote (and may remove)."""
-    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in schemas.TABLE_NAMES)}
+    own = {MANIFEST_NAME, *(f"{n}.parquet" for n in schemas.SCHEMAS.names())}
     if manifest:
         listed = list((manifest.get("tables") or {}).values()) if isinstance(
             manifest.get("tables"), dict

@@ -19,6 +19,7 @@ that "undefined" is NaN, never 0 (STYLE 10).
 from __future__ import annotations
 
 from attngeom.errors import ConfigError, RunDirError
+from attngeom.registry import Registry
 
 STRING, INT, FLOAT, BOOL = "string", "int64", "float64", "bool"
 DTYPES = (STRING, INT, FLOAT, BOOL)
@@ -39,7 +40,7 @@ _BOUND_COLUMNS = (
     "precision_bound:f recall_bound:f f_bound:f precision_inv_bound:f recall_inv_bound:f"
 )
 
-SCHEMAS: dict[str, dict[str, str]] = {
+_DECLARED: dict[str, dict[str, str]] = {
     "metrics": _cols(
         _ID + "window:i layer:i head:i rule:s variant:s distance:s n:i "
         "precision:f recall:f f_score:f margin:f inversions:f n_queries:i n_skipped:i "
@@ -189,16 +190,19 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
 }
 
-TABLE_NAMES: tuple[str, ...] = tuple(SCHEMAS)
+# every table, in the order reports and combined study tables list them; a table added
+# by an extension is one ``SCHEMAS.register(name, columns)`` (with its ``ROW_KEYS``)
+SCHEMAS: Registry[dict[str, str]] = Registry("table", option="table")
+for _name, _columns in _DECLARED.items():
+    SCHEMAS.register(_name, _columns)
 
 # The analysis of ``attngeom analyze`` that writes each of its tables (the other tables
-# are written by the intervention commands). ``ANALYSES`` lists the analyses in the
-# order they run; ``engine/analyses.py`` registers an accumulator for each.
+# are written by the intervention commands); the analyses themselves, in the order they
+# run, are ``names.ANALYSES`` (``engine/analyses.py`` registers an accumulator for each).
 WRITTEN_BY = {
     "metrics": "metrics", "summary": "metrics", "sink": "sink", "sink_tokens": "sink",
     "taxonomy": "taxonomy", "bounds": "bounds", "assumptions": "assumptions",
 }
-ANALYSES: tuple[str, ...] = tuple(dict.fromkeys(WRITTEN_BY.values()))
 
 
 def analysis_tables(analysis: str) -> tuple[str, ...]:
@@ -213,11 +217,8 @@ def table_file(name: str) -> str:
 
 
 def check_table_name(name: str) -> None:
-    """Raise ``ConfigError`` unless ``name`` is one of ``TABLE_NAMES``."""
-    if name not in SCHEMAS:
-        raise ConfigError(
-            f"table: expected one of {', '.join(TABLE_NAMES)}, got {name!r}"
-        )
+    """Raise ``ConfigError`` (did you mean ...) unless ``name`` is a registered table."""
+    SCHEMAS.check(name)
 
 
 def validate_table(name: str, df, *, source: str | None = None) -> None:

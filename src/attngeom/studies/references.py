@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 
 from attngeom.errors import ConfigError
-from attngeom.names import DISTANCES, REGIMES, RULES
+from attngeom.names import DISTANCES, RANKINGS, REGIMES, RULES
 from attngeom.studies.presets import PRESETS
 
 GEOMETRY_PAPER = "arXiv 2602.01893"  # Mudarisov, Burtsev, Petrova, State (2026)
@@ -91,7 +91,7 @@ QUANTITIES = {
 PARAM_KEYS = ("n", "n_min", "rule", "ranking", "variant", "distance", "tau", "tau_nats",
               "renormalize", "scope", "layer", "head", "regime", "window_length",
               "scoring", "protocol", "background", "n_documents", "n_star_rule")
-_CHOICES = {"rule": RULES, "ranking": (*RULES, "positional"), "distance": DISTANCES,
+_CHOICES = {"rule": RULES, "ranking": RANKINGS.names(), "distance": DISTANCES,
             "regime": REGIMES, "n_star_rule": ("smallest", "stable"),
             "scope": ("model", "layer", "head"), "scoring": ("all", "tail128"),
             "protocol": ("fixed", "context", "qa", "geometry"),

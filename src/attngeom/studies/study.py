@@ -52,18 +52,16 @@ from pathlib import Path
 
 from attngeom.config import COMMANDS, AnalysisConfig, RunConfig, command_spec
 from attngeom.errors import AttngeomError, ConfigError, StudyError
-from attngeom.names import ANALYSIS_ALIASES, ANALYSIS_NEEDS
+from attngeom.names import ANALYSES, ANALYSIS_ALIASES
 
 STEPS = ("cross_corpus", "geometry_vs_loss")  # computed from the runs' tables
 
 
 def analyze_parts() -> tuple[str, ...]:
     """The analyses of ``attngeom analyze`` a study may name: every registered one
-    (``results.schemas.ANALYSES``, read live so a newly registered analysis is a study
-    analysis too)."""
-    from attngeom.results import schemas
-
-    return tuple(schemas.ANALYSES)
+    (``names.ANALYSES``, read live so a newly registered analysis is a study analysis
+    too)."""
+    return ANALYSES.names()
 
 
 def interventions() -> dict[str, str]:
@@ -508,7 +506,8 @@ def _cells(ck, analyses, filters, defaults, models, corpora, analyze_section, se
         for c in corpora:
             wanted = [a for a in parts if (m, c) in _pairs(filters[a])]
             for a in wanted:
-                missing = [x for x in ANALYSIS_NEEDS.get(a, ()) if x not in wanted]
+                missing = [x for x in (ANALYSES.meta(a) or {}).get("needs", ())
+                           if x not in wanted]
                 if missing:
                     raise ck.error(f"{a} needs {', '.join(map(repr, missing))}: run it "
                                    f"wherever {a!r} runs", a)

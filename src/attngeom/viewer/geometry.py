@@ -113,8 +113,7 @@ def selection_order(alpha: Tensor, values: Tensor, universe: Tensor, rule: str, 
     """(width,) int64: the first ``width`` keys of the row under ``rule``, as the core
     orders them (ties to the smaller position; the random rule is repeat 0 of the
     seeded control of (seed, window, layer, head, query))."""
-    if rule not in RULES:
-        raise ConfigError(f"ranking: expected one of {', '.join(RULES)}, got {rule!r}")
+    RULES.check(rule, "ranking")
     norms = ValueStats(values[None]).norms  # (1, T) float64, as the core computes them
     return select_order(alpha.to(torch.float64)[None, None], norms, universe[None, None], rule,
                         width, query_positions=torch.tensor([int(query)]), seed=seed,

@@ -29,13 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from attngeom.errors import ConfigError
-from attngeom.names import DISTANCES, RULES
+from attngeom.names import DISTANCES, MODEL_RULES
 from attngeom.viewer.page_assets import SCRIPT, STYLE
 from attngeom.viewer.view import DEFAULT_GRID, TOP_KEYS, HeadView, collect, prepare
 
 LEVELS = 65535
 REST_BINS = 40
-RANKINGS = RULES[:2]  # attention, contribution; the random rule is the ghost
 
 
 def _b64(array: np.ndarray, dtype: str) -> str:
@@ -184,7 +183,7 @@ def write_viewer(out_html, model=None, prompt=None, *, run=None, window: int | N
         pairs = [(a, b, None if q in (None, -1) else q) for a, b, q in pairs]
     else:
         pairs = [(a, b, -1 if q is None else q) for a, b, q in pairs]
-    views = collect(prep, pairs, n_grid=n_grid, n_max=n_max, rules=RANKINGS,
+    views = collect(prep, pairs, n_grid=n_grid, n_max=n_max, rules=MODEL_RULES,
                     distances=DISTANCES, seed=prep.seed if seed is None else int(seed),
                     top_keys=top_keys)
     seq = "w" if prep.window is None else f"w{prep.window}"

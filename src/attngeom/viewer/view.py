@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from attngeom.errors import ConfigError
-from attngeom.names import DISTANCES, RULES, SINK
+from attngeom.names import DISTANCES, MODEL_RULES, SINK
 from attngeom.viewer.geometry import (
     SelectionGeometry,
     check_ns,
@@ -139,7 +139,7 @@ class HeadView:
 
     def complete(self) -> HeadView:
         """Add the views of both rankings and both distances (the page shows all four)."""
-        add_views(self, RULES[:2], DISTANCES)
+        add_views(self, MODEL_RULES, DISTANCES)
         return self
 
     def to_html(self, path=None) -> str:
@@ -461,7 +461,7 @@ def inspect(model=None, text_or_ids=None, *, run=None, window: int | None = None
     (1.0, True)
     """
     _check_choice("distance", distance, DISTANCES)
-    _check_choice("ranking", ranking, RULES[:2])
+    _check_choice("ranking", ranking, MODEL_RULES)
     prep = prepare(model, text_or_ids, run=run, window=window, tokenizer=tokenizer)
     if query is None and prep.run is None:
         query = -1
