@@ -44,6 +44,7 @@ from attngeom.names import (
     REGIME_RULES,
     RESTRICT_SCOPES,
     RULES,
+    STEPS,
     VARIANTS,
 )
 from attngeom.registry import Registry
@@ -530,7 +531,11 @@ class RestrictConfig(_InterventionConfig):
                                      "(0, 1)")
     search: str = option("adaptive", check=OneOf(("adaptive", "grid")),
                          help="N*_tau: adaptive (the follow-up's integer search: grid, "
-                         "bisection, refinement) or grid (smallest N of the grid)")
+                         "narrowing, refinement) or grid (smallest N of the grid)")
+    step: str = option("interpolate", check=OneOf(STEPS), fingerprint="unless_default",
+                       help="how the adaptive search narrows a bracket: bisect (the "
+                       "follow-up's midpoints) or interpolate (predicts N* from the log-log "
+                       "curve: fewer evaluations, the same N* where the loss is monotone)")
     refine: int = option(3, check=Integer(0),
                          help="integers below the bisection's pass tried upward")
     bootstrap: int = option(1000, check=Integer(0),
@@ -720,7 +725,7 @@ class _Taus(Check):
 
 
 @command("competition", help="retrieval under competition: the qa and context probes",
-         work="attngeom.probes.competition_command:Competition",
+         work="attngeom.probes.competition:Competition",
          summary="attngeom.report.text:competition_summary", loss=True)
 @dataclass(frozen=True)
 class CompetitionConfig(RunConfig):
@@ -749,9 +754,10 @@ class CompetitionConfig(RunConfig):
         "relative NLL increase in (0, 1) (default 0.01,0.05,0.1)")
     bootstrap: int = option(1000, check=Integer(0),
                             help="bootstrap replicates over examples / documents (0: none)")
-    backgrounds: tuple[int, ...] = option((0, 256, 512, 1024), check=Lengths(0, empty=False),
-                                          help="qa: tokens of background text around the "
-                                          "facts (each prompt must fit the model's positions)")
+    backgrounds: tuple[int, ...] | None = option(
+        None, check=Lengths(0, positions=False, none=True),
+        help="qa: tokens of background text around the facts (default: 0,256,512,1024, "
+        "those whose prompts fit the model's positions)")
     n_episodes: int = option(60, check=Integer(1), help="qa: generated episodes per background")
     facts: tuple[int, ...] = option((2, 6), metavar="MIN,MAX",
                                     help="qa: fewest and most movement facts per episode")
@@ -771,10 +777,14 @@ class CompetitionConfig(RunConfig):
     grid_max: int = option(256, check=Integer(1),
                            help="qa: largest N of the power-of-two grid")
     nstar: bool = option(True, check=Flag(), help="search N* (false: answers and support only)")
-    lengths: tuple[int, ...] = option((256, 512, 1024, 2048),
-                                      check=Lengths(2, increasing=True),
-                                      help="context: lengths L of the nested windows, "
-                                      "increasing (each within the model's positions)")
+    step: str = option("interpolate", check=OneOf(STEPS), fingerprint="unless_default",
+                       help="how the N* search narrows a bracket: bisect (the follow-up's "
+                       "midpoints) or interpolate (predicts N* from the log-log curve: fewer "
+                       "evaluations, the same N* where the loss is monotone)")
+    lengths: tuple[int, ...] | None = option(
+        None, check=Lengths(2, increasing=True, positions=False, none=True),
+        help="context: lengths L of the nested windows, increasing (default: "
+        "256,512,1024,2048, those within the model's positions)")
     tail: int = option(128, check=Integer(1),
                        help="context: final targets scored at every L (tail128)")
 
@@ -789,22 +799,39 @@ class CompetitionConfig(RunConfig):
             if self.taus is not None and max(self.taus) >= 1.0:
                 raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
                                   f"context probe (5% is 0.05), got {max(self.taus)}")
-            if self.tail >= min(self.lengths):
+            if self.lengths is not None and self.tail >= min(self.lengths):
                 raise ConfigError(f"tail: expected fewer scored targets than the shortest "
                                   f"length {min(self.lengths)}, got {self.tail}")
             _loss_rankings(self.rankings)
 
     def check_model(self, shape: ModelShape) -> None:
         limit = shape.max_positions
-        if self.probe == "context" and limit is not None and max(self.lengths) > limit:
+        if (self.probe == "context" and limit is not None and self.lengths is not None
+                and max(self.lengths) > limit):
             raise ConfigError(f"lengths: expected lengths within {shape.name}'s {limit} "
                               f"positions (valid: {self.tail + 1}..{limit}), got "
                               f"{max(self.lengths)}")
-        if self.probe == "qa" and limit is not None and max(self.backgrounds) >= limit:
+        if (self.probe == "qa" and limit is not None and self.backgrounds is not None
+                and max(self.backgrounds) >= limit):
             raise ConfigError(f"backgrounds: expected backgrounds that leave room for the "
                               f"episode within {shape.name}'s {limit} positions (valid: "
                               f"0..{limit - 1}, less the episode's tokens), got "
                               f"{max(self.backgrounds)}")
+        if self.probe == "context" and not self.context_lengths(limit):
+            raise ConfigError(f"lengths: none of the default lengths fits {shape.name}'s "
+                              f"{limit} positions above the tail of {self.tail}; pass "
+                              "--lengths")
+
+    # the defaults of backgrounds and lengths: the follow-up's, cut to what the model holds
+    DEFAULT_BACKGROUNDS: ClassVar[tuple[int, ...]] = (0, 256, 512, 1024)
+    DEFAULT_LENGTHS: ClassVar[tuple[int, ...]] = (256, 512, 1024, 2048)
+
+    def context_lengths(self, max_positions: int | None) -> tuple[int, ...]:
+        """The lengths the context probe runs: as given, else the defaults that fit."""
+        if self.lengths is not None:
+            return self.lengths
+        return tuple(n for n in self.DEFAULT_LENGTHS if n > self.tail
+                     and (max_positions is None or n <= max_positions))
 
     @property
     def effective_taus(self) -> tuple[float, ...]:
@@ -835,7 +862,7 @@ def _probe_default(probe: str):
 
 
 @command("competition-qa", help="the qa probe of competition, as a study part",
-         work="attngeom.probes.competition_command:Competition",
+         work="attngeom.probes.competition:Competition",
          summary="attngeom.report.text:competition_summary", run_dir="qa", loss=True,
          study="qa")
 @dataclass(frozen=True)
@@ -847,7 +874,7 @@ class CompetitionQAConfig(CompetitionConfig):
 
 
 @command("competition-context", help="the context probe of competition, as a study part",
-         work="attngeom.probes.competition_command:Competition",
+         work="attngeom.probes.competition:Competition",
          summary="attngeom.report.text:competition_summary", run_dir="context", loss=True,
          study="context")
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ RANKINGS: Registry[None] = Registry(
     builtins=(*((r, {"kind": "score", "fixed": 0}) for r in RULES),
               ("positional", {"kind": "policy", "fixed": 1})))
 RANKER_REGIMES = (MIXER, RESET, RETRIEVER)  # the taxonomy ranker's default order
+# how the N* search narrows a bracket (``interventions/nstar.py``): the follow-up's
+# midpoints, or a prediction from the log-log curve (the same N* where the loss is monotone)
+STEPS = ("bisect", "interpolate")
 RESTRICT_SCOPES = ("model", "layer", "head")
 
 # --- head types of the atlas (``core/head_scores.py`` registers how each is scored):
@@ -85,7 +88,8 @@ HEAD_TYPES: Registry = Registry(
 )
 
 # --- probes of ``attngeom competition`` (``probes/competition.py`` registers each)
-PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context"))
+PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context"),
+                            module="attngeom.probes.competition")
 
 # --- windows and models
 DTYPES = ("float32", "float16", "bfloat16", "float64")

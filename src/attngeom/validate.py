@@ -369,11 +369,13 @@ class Lengths(Check):
     positions (``positions``, checked against the model)."""
 
     def __init__(self, low: int = 1, *, increasing: bool = False, empty: bool = False,
-                 positions: bool = True, extra: int = 0) -> None:
+                 positions: bool = True, extra: int = 0, none: bool = False) -> None:
         self.low, self.increasing, self.empty = low, increasing, empty
-        self.positions, self.extra = positions, extra
+        self.positions, self.extra, self.none = positions, extra, none
 
     def clean(self, name, value):
+        if value is None and self.none:
+            return None
         items = as_tuple(value, name)
         if not items and not self.empty:
             raise ConfigError(f"{name}: expected at least one length")

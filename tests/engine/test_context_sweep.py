@@ -11,17 +11,30 @@ from architectures import make_model
 
 from attngeom.assets import asset
 from attngeom.capture import load_tokenizer
+from attngeom.config import CompetitionConfig
+from attngeom.engine.runner import RunContext
 from attngeom.errors import ConfigError
-from attngeom.interventions.selection import restriction
+from attngeom.interventions.selection import Selection, restriction
 from attngeom.probes.context_sweep import (
+    ContextInputs,
     _replicate_nstar,
-    context_sweep,
     document_nll,
     loglog_slope,
     nested_suffixes,
+    run_context,
     sweep_windows,
 )
-from attngeom.probes.qa_probe import Selection
+
+
+def context_sweep(model, windows, *, taus=(0.01, 0.05, 0.1), tail=128, n_boot=1000, seed=0,
+                  batch_size=4, selections=(Selection("attention"),)):  # noqa: B008
+    """The context probe's tables for nested ``windows`` on ``model`` (no run folder)."""
+    cfg = CompetitionConfig(model="m", corpus="c", probe="context", taus=taus, tail=tail,
+                            bootstrap=n_boot, seed=seed, batch_size=batch_size,
+                            lengths=tuple(sorted(windows)))
+    inputs = ContextInputs(windows=windows, record=None, corpus="c",
+                           selections=tuple(selections))
+    return run_context(RunContext.in_memory(cfg, model, inputs=inputs))
 
 
 def _windows(d: int = 4, t: int = 64, seed: int = 0) -> list[torch.Tensor]:
@@ -96,7 +109,7 @@ def test_sweep_against_an_exhaustive_scan() -> None:
     windows = nested_suffixes(_windows(3, 48), [16, 32, 48])
     taus = (0.02, 0.2)
     frames = context_sweep(model, windows, selections=(Selection("attention", False),),
-                           taus=taus, tail=8, refine=2, n_boot=200, seed=1, batch_size=3)
+                           taus=taus, tail=8, n_boot=200, seed=1, batch_size=3)
     nstar = frames["context_nstar"]
     assert set(nstar["scoring"]) == {"tail", "all"}
     for length, ids in windows.items():
@@ -140,7 +153,8 @@ def curve_of(frames, length, scoring) -> dict[int, float]:
 def test_bad_lengths_one_line() -> None:
     model = make_model("llama")
     windows = nested_suffixes(_windows(2, 32), [16, 32])
-    with pytest.raises(ConfigError, match="above the tail"):
+    with pytest.raises(ConfigError, match="tail: expected fewer scored targets than the "
+                                          "shortest length 16"):
         context_sweep(model, windows, tail=16)
-    with pytest.raises(ConfigError, match="ranking"):
+    with pytest.raises(ConfigError, match="ranking: unknown restriction ranking 'bogus'"):
         context_sweep(model, windows, tail=8, selections=(Selection("bogus"),))

@@ -11,18 +11,26 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attngeom import api
 from attngeom.assets import asset
 from attngeom.capture import load_model, load_tokenizer
 from attngeom.core.support import support_statistics
 from attngeom.errors import ConfigError, CorpusError
-from attngeom.interventions.selection import positional_keep, positional_restriction, restriction
+from attngeom.interventions.selection import (
+    positional_keep,
+    positional_restriction,
+    restriction,
+)
 from attngeom.probes import qa
-from attngeom.probes.qa_probe import Selection, full_pass, qa_probe
+from attngeom.probes.qa_probe import full_pass
 
 BACKGROUND_TEXT = " ".join(
     f"The old clock number {i} ticked on the wall of the quiet room. "
     f"A bird sang {i} songs outside the window today! Why did the rain stop so soon?"
     for i in range(40))
+
+
+STORIES = asset("stories260K")
 
 
 @pytest.fixture(scope="module")
@@ -191,15 +199,14 @@ def test_positional_control_cuts_every_path_but_initial_and_self(stories) -> Non
         assert torch.equal(same, model(ids).logits)
 
 
-def test_probe_tables(stories) -> None:
+def test_probe_tables(stories, tmp_path) -> None:
     model, tok = stories
-    sentences = qa.split_sentences(BACKGROUND_TEXT)
-    episodes = qa.generate_episodes(2, seed=0)
-    examples = {b: qa.build_examples(episodes, tok, b, sentences=sentences, seed=0)
-                for b in (0, 40)}
-    frames = qa_probe(model, tok, examples, selections=(Selection("attention", False),),
-                      positional=True, grid_max=2, refine=1, extend=False, n_boot=50,
-                      model_name="stories260K")
+    corpus = tmp_path / "background.txt"
+    corpus.write_text(BACKGROUND_TEXT)
+    res = api.competition(str(STORIES), str(corpus), None, model_and_tokenizer=(model, tok),
+                          backgrounds=(0, 40), n_episodes=2, grid_max=2, bootstrap=50,
+                          positional=True, progress=False, model_label="stories260K")
+    frames = res.tables
     answers = frames["qa_answers"]
     assert answers["background"].tolist() == [0, 40]
     assert (answers["scoring"] == "mean continuation log-probability").all()
@@ -212,14 +219,14 @@ def test_probe_tables(stories) -> None:
         assert answers.set_index("background").loc[b, "loss"] == pytest.approx(
             rows["loss"].mean())
     curve = frames["qa_curve"]
-    assert set(curve["n"]) == {1, 2}
+    assert {1, 2} <= set(curve["n"])
     nstar = frames["qa_nstar"]
-    for _, row in nstar.iterrows():  # the smallest tried N within tau, else none (> grid)
+    for _, row in nstar.iterrows():  # the smallest tried N within tau, else the prompt length
         sub = curve[(curve.background == row.background) & (curve.ranking == row.ranking)]
         passing = sub[sub.delta_loss <= row.tau]["n"]
-        want = int(passing.min()) if len(passing) else None
-        got = None if row.nstar is None or row.nstar != row.nstar else int(row.nstar)
-        assert got == want
+        want = int(passing.min()) if len(passing) else int(row.prompt_tokens_max)
+        assert int(row.nstar) == want
+    assert res.manifest["corpus"]["probe"]["episodes"] == {"0": 2, "40": 2}
 
 
 def test_bad_input_one_line_each(stories, smol_tokenizer, tmp_path) -> None:
@@ -236,8 +243,9 @@ def test_bad_input_one_line_each(stories, smol_tokenizer, tmp_path) -> None:
         qa.build_examples([], tok, 0)
     with pytest.raises(ConfigError, match="at least one episode"):
         qa.generate_episodes(0)
-    with pytest.raises(ConfigError, match="empty episode set"):
-        qa_probe(model, tok, {0: []})
+    with pytest.raises(ConfigError, match="n_episodes: expected an integer >= 1, got 0"):
+        api.competition(str(STORIES), None, None, model_and_tokenizer=(model, tok),
+                        n_episodes=0, progress=False)
     with pytest.raises(ConfigError, match="ranking"), \
             restriction(model, 2, ranking="alphabetical"):
         pass
@@ -264,26 +272,27 @@ def test_chat_candidates_open_the_assistant_turn(smol_tokenizer) -> None:
 
 
 def test_competition_entry_point(stories, tmp_path) -> None:
-    from attngeom.probes.competition import competition
-
     model, tok = stories
-    frames = competition(model, "qa", tokenizer=tok, backgrounds=(0,), n_episodes=2,
-                         nstar=False, n_boot=20, model_name="stories260K")
+    res = api.competition(str(STORIES), None, None, model_and_tokenizer=(model, tok),
+                          backgrounds=(0,), n_episodes=2, nstar=False, bootstrap=20,
+                          progress=False)
+    frames = res.tables
     settings = dict(zip(frames["competition_settings"]["setting"],
                         frames["competition_settings"]["value"], strict=True))
     assert settings["prompt_format"] == "plain"  # no chat template: auto picks plain
     assert settings["candidate_scoring"] == "mean continuation log-probability"
+    assert "taus_nats" not in settings and settings["nstar"] == "False"  # nothing searched
     assert frames["qa_answers"]["n_examples"].tolist() == [2]
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(" ".join(f"Doc {k} says the cat sat {i} times."
                                            for i in range(12)) for k in range(3)))
-    frames = competition(model, "context", tokenizer=tok, corpus=str(corpus),
-                         lengths=(16, 32), n_documents=2, tail=8, context_taus=(0.1,),
-                         n_boot=20)
-    assert sorted(frames["context_nstar"]["length"].unique()) == [16, 32]
-    assert len(frames["context_slope"]) == 2  # tail and all, one tau
-    with pytest.raises(ConfigError, match="probe"):
-        competition(model, "maze", tokenizer=tok)
+    res = api.competition(str(STORIES), str(corpus), None, model_and_tokenizer=(model, tok),
+                          probe="context", lengths=(16, 32), n_documents=2, tail=8,
+                          taus=(0.1,), bootstrap=20, progress=False)
+    assert sorted(res["context_nstar"]["length"].unique()) == [16, 32]
+    assert len(res["context_slope"]) == 2  # tail and all, one tau
+    with pytest.raises(ConfigError, match="probe: unknown probe 'maze'"):
+        api.competition(str(STORIES), None, None, probe="maze")
 
 
 @pytest.mark.parametrize("prompt_format", ["plain", "chat"])

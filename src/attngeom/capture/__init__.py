@@ -24,7 +24,14 @@ from attngeom.capture.layout import (
     input_device,
     model_layout,
 )
-from attngeom.capture.loading import cache_dir, load_model, load_tokenizer, resolve_source
+from attngeom.capture.loading import (
+    cache_dir,
+    check_device,
+    load_model,
+    load_tokenizer,
+    model_shape,
+    resolve_source,
+)
 from attngeom.capture.tolerances import TOLERANCES, Tolerance, tolerance_for
 
 __all__ = [
@@ -37,6 +44,7 @@ __all__ = [
     "Tolerance",
     "attention_output_projections",
     "cache_dir",
+    "check_device",
     "capture_attention",
     "check_model",
     "has_override",
@@ -45,6 +53,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "model_layout",
+    "model_shape",
     "override_attention",
     "repeat_kv",
     "resolve_source",

@@ -232,10 +232,49 @@ def inspect_model(name_or_path: str | os.PathLike) -> dict | None:
     mlp = (3 if gated else 2) * hidden * inter
     tied = bool(getattr(config, "tie_word_embeddings", True))
     params = layers * (attention + mlp) + vocab * hidden * (1 if tied else 2)
+    positions = get("max_position_embeddings", "n_positions", "max_seq_len")
     return {"is_causal": _is_causal_config(config), "layers": layers, "heads": heads,
             "kv_heads": kv, "head_dim": head_dim, "hidden": hidden, "vocab": vocab,
-            "params_b": params / 1e9,
-            "bos_token_id": _bos_id(config, text)}
+            "params_b": params / 1e9, "max_positions": int(positions) if positions else None,
+            "bos_token_id": _bos_id(config, text), "model_class": _class_name(config)}
+
+
+def _class_name(config) -> str:
+    archs = getattr(config, "architectures", None) or []
+    return str(archs[0]) if archs else type(config).__name__.replace("Config", "")
+
+
+def model_shape(name_or_path: str | os.PathLike):
+    """``validate.ModelShape`` of a model from its configuration alone (no weights), for
+    the checks every option makes against the model before it loads; ``None`` for a hub
+    id that cannot be resolved here (the checks then run after the load)."""
+    from attngeom.validate import ModelShape
+
+    facts = inspect_model(name_or_path)
+    if facts is None:
+        return None
+    return ModelShape.from_dict(facts, name=facts["model_class"])
+
+
+def check_device(device: str) -> None:
+    """One line, before anything loads, for a device this machine does not have."""
+    try:
+        place = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device: expected cpu, cuda, cuda:N or mps, got {device!r}") from None
+    if place.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device: {device!r} asked, but torch sees no CUDA GPU here "
+                              "(use --device cpu)")
+        if place.index is not None and place.index >= count:
+            raise ConfigError(f"device: {device!r} asked, but torch sees {count} CUDA GPU"
+                              f"{'s' if count > 1 else ''} (valid: cuda:0..cuda:{count - 1})")
+    elif place.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError(f"device: {device!r} asked, but MPS is not available here "
+                              "(use --device cpu)")
 
 
 def _bos_id(config, text) -> int | None:

@@ -293,7 +293,10 @@ def check_documents(config, tokenizer) -> None:
 
     docs, name = probe_documents(probe_corpus(config.corpus))
     shape = inspect_model(config.model) or {}
-    fixed_windows(docs, tokenizer, max(config.lengths), n_documents=config.n_documents,
+    lengths = config.context_lengths(shape.get("max_positions"))
+    if not lengths:
+        return  # the configuration's own check says so, in one line
+    fixed_windows(docs, tokenizer, max(lengths), n_documents=config.n_documents,
                   seed=config.seed, dataset=name, model_id=config.model_label
                   or label_of(config.model), config_bos=shape.get("bos_token_id"),
                   name=name)

@@ -138,11 +138,12 @@ class Restrict(Command):
         adaptive = cfg.search == "adaptive"
         base, base_docs, results = sweeps.restrict_search(
             templates, measure_rows(ctx, ev, "restrict", "restrict"), length=length,
-            taus=cfg.taus, grid=cfg.n_grid, adaptive=adaptive, refine=cfg.refine)
+            taus=cfg.taus, grid=cfg.n_grid, adaptive=adaptive, refine=cfg.refine,
+            step=cfg.step)
         restrict, nstar = sweeps.search_tables(results, base, base_docs, cfg.taus,
                                                length=length, adaptive=adaptive,
                                                bootstrap=cfg.bootstrap, seed=cfg.seed,
-                                               beyond=cfg.n_grid)
+                                               beyond=cfg.n_grid, step=cfg.step)
         return {"restrict": restrict, "restrict_nstar": nstar}
 
 

@@ -105,13 +105,19 @@ class Distributed:
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of work: a batch of windows (``index`` its place in the stage)."""
+    """One unit of work (``index`` its place in the stage): a batch of windows, or of
+    whatever else a command cuts its work into (a probe's examples or documents), with
+    ``ids`` naming them in the unit's shard (default: the windows' indices), so a shard
+    is never read back for other inputs."""
 
     index: int
     windows: tuple
+    ids: tuple[int, ...] | None = None
 
     @property
     def window_ids(self) -> list[int]:
+        if self.ids is not None:
+            return [int(i) for i in self.ids]
         return [int(w.index) for w in self.windows]
 
 
@@ -131,6 +137,8 @@ class RunContext:
     policy: Any
     model: Any = None
     layout: Any = None
+    shape: Any = None  # validate.ModelShape, read from the model's configuration
+    inputs: Any = None  # what the command's ``prepare`` built before the model loaded
     progress: Any = True
     timings: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
@@ -210,6 +218,18 @@ class RunContext:
                                       "every process finished; run the command again")
                 yield payload
 
+    @classmethod
+    def in_memory(cls, config, model, *, tokenizer=None, inputs=None,
+                  progress=False) -> RunContext:
+        """A context for a command's pieces on a model already in memory (a notebook, a
+        test): no output directory, so units are computed and kept in memory."""
+        from attngeom.capture import model_layout
+
+        layout = model_layout(model)
+        return cls(config=config, tokenizer=tokenizer, windows=[], corpus_info={},
+                   policy=None, model=model, layout=layout, shape=_shape_of(layout),
+                   inputs=inputs, progress=progress)
+
     def _resumed(self, stage: str, u: Unit):
         ok, payload = self.store.load(stage, u.index, u.window_ids)
         if not ok:
@@ -241,9 +261,15 @@ def _count_finished(store, stage: str, pending: list, bar, weight) -> list:
 
 
 class Command:
-    """The work of a run command: ``run(ctx)`` computes its tables. What the command is
-    called, its configuration and whether it needs a causal LM are its declaration in
-    ``config.COMMANDS`` (``@command`` on its configuration class)."""
+    """The work of a run command: ``prepare(ctx)`` builds and checks its inputs before
+    the model loads (``ctx.model`` is None there unless a loaded model was passed in;
+    ``ctx.shape`` the model's shape from its configuration, or None), ``run(ctx)``
+    computes its tables. What the command is called, its configuration and whether it
+    needs a causal LM are its declaration in ``config.COMMANDS`` (``@command`` on its
+    configuration class)."""
+
+    def prepare(self, ctx: RunContext) -> None:
+        """Build and check what ``run`` needs that takes no weights (default: nothing)."""
 
     def run(self, ctx: RunContext) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -344,6 +370,9 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
 
     spec = command_spec(config.command)
     config.require_model_and_corpus()
+    # every check that needs no weights comes first: a mistake never costs a load, and
+    # never leaves a run folder that refuses the corrected command
+    shape = _preflight(config, model_and_tokenizer)
     dist = Distributed.from_env(config.device)
     if dist.world > 1 and out is None:
         raise ConfigError("a data-parallel run needs an output directory (--out): its "
@@ -360,19 +389,49 @@ def execute(command: Command, config, out=None, *, overwrite: bool = False,
                              config.fingerprint_dict())
     if lock is None:
         return _execute(command, spec, config, out_dir, fingerprint, dist, overwrite=overwrite,
-                        progress=progress, model_and_tokenizer=model_and_tokenizer)
+                        progress=progress, model_and_tokenizer=model_and_tokenizer,
+                        shape=shape)
     with lock:
         return _execute(command, spec, config, out_dir, fingerprint, dist, overwrite=overwrite,
-                        progress=progress, model_and_tokenizer=model_and_tokenizer)
+                        progress=progress, model_and_tokenizer=model_and_tokenizer,
+                        shape=shape)
+
+
+def _preflight(config, model_and_tokenizer):
+    """The model's shape from its configuration (no weights: ``capture.model_shape``, or
+    the given model's layout) and every option checked against it; the device checked.
+    Returns the shape (``None`` where the configuration cannot be read here: a hub id
+    offline and not cached; the checks then run once the model has loaded)."""
+    from attngeom.capture import check_device, model_layout, model_shape
+    from attngeom.validate import check_config
+
+    given = (model_and_tokenizer or (None, None))[0]
+    if given is not None:
+        shape = _shape_of(model_layout(given))
+    else:
+        if config.device_map is None:
+            check_device(config.device)
+        shape = model_shape(config.model)
+    if shape is not None:
+        check_config(config, shape)
+    return shape
+
+
+def _shape_of(layout):
+    from attngeom.validate import ModelShape
+
+    return ModelShape(layers=layout.num_layers, heads=layout.num_heads,
+                      kv_heads=layout.num_kv_heads, max_positions=layout.max_positions,
+                      is_causal=layout.is_causal, name=layout.model_class)
 
 
 def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, progress,
-             model_and_tokenizer) -> RunResult:
+             model_and_tokenizer, shape) -> RunResult:
     from attngeom.capture import load_model, load_tokenizer, model_layout
     from attngeom.engine.progress import say
-    from attngeom.engine.stream import check_window_fits
     from attngeom.results.manifest import build_manifest
     from attngeom.results.state import ShardStore, clear_states
+    from attngeom.validate import check_config
 
     name, resume_key = spec.name, config.resume_key()
     talk = progress if dist.is_main else False
@@ -389,10 +448,6 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     from attngeom.corpora.documents import load_windows
 
     windows, info, policy = load_windows(config, tokenizer)
-    if getattr(config, "probe", None) == "context":  # its documents, before the model
-        from attngeom.corpora.documents import check_documents
-
-        check_documents(config, tokenizer)
     needed = config.windows_needed
     if spec.loss and needed is not None and len(windows) < needed:
         raise ConfigError(
@@ -405,6 +460,13 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
         say(talk, f"warning: the corpus gives {len(windows)} windows of "
                   f"{config.window_length} tokens, {needed} were asked for; running on "
                   f"{len(windows)}")
+    if shape is not None and spec.loss and not shape.is_causal:
+        raise ConfigError(f"{shape.name} is not a causal LM: {name} measures next-token "
+                          "loss, which needs one")
+    ctx = RunContext(config=config, tokenizer=tokenizer, windows=windows, corpus_info=info,
+                     policy=policy, model=given_model, shape=shape, progress=talk,
+                     timings=timings, store=store, dist=dist, counts=counts)
+    command.prepare(ctx)  # the command's own inputs, checked before any weight is read
     timings["windows_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     if given_model is None:
@@ -416,15 +478,14 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     else:
         model = given_model
     layout = model_layout(model)
-    check_window_fits(config.window_length, layout)
+    if shape is None:  # the configuration could not be read before the load
+        ctx.shape = _shape_of(layout)
+        check_config(config, ctx.shape)
     if spec.loss and not layout.is_causal:
         raise ConfigError(f"{layout.model_class} is not a causal LM: {name} measures "
                           "next-token loss, which needs one")
     timings["load_model_s"] = time.perf_counter() - t1
-
-    ctx = RunContext(config=config, tokenizer=tokenizer, windows=windows, corpus_info=info,
-                     policy=policy, model=model, layout=layout, progress=talk,
-                     timings=timings, store=store, dist=dist, counts=counts)
+    ctx.model, ctx.layout = model, layout
     tables = {n: _labelled(df, ctx) for n, df in command.run(ctx).items()}
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(

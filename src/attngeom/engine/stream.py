@@ -17,7 +17,6 @@ import torch
 from attngeom.core.batch import AttentionBatch, ValueStats
 from attngeom.core.kernels import compiling, resolve_compile, temporaries
 from attngeom.core.queries import query_positions
-from attngeom.errors import ConfigError
 
 # A captured query row costs about 48 bytes per (head, key) entry while its chunk is
 # analysed: the probabilities and the eager recomputation that makes them (~16), the
@@ -204,13 +203,3 @@ def grid_report(n_grid: Sequence[int], num_tokens: int, query_mode: str, causal:
     largest = int(rows.max()) + 1 if causal and rows.numel() else num_tokens
     never = [int(n) for n in n_grid if n >= largest]
     return {"largest_universe": largest, "never_valid_n": never}
-
-
-def check_window_fits(window_length: int, layout) -> None:
-    limit = layout.max_positions
-    if limit is not None and window_length > limit:
-        raise ConfigError(
-            f"window_length {window_length} is longer than {layout.model_class}'s "
-            f"{limit} positions; pass --window-length {limit} or less"
-        )
-

@@ -56,19 +56,20 @@ bisection.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attngeom.errors import ConfigError
+from attngeom.names import STEPS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["NStarSearch", "bootstrap_nstar", "grid_powers", "nstar_from", "search_nstar",
-           "search_rounds"]
+__all__ = ["NStarSearch", "bootstrap_nstar", "grid_powers", "lockstep", "nstar_from",
+           "search_nstar", "search_rounds", "stable_nstar"]
 
 
 def grid_powers(length: int, grid_max: int = 256) -> list[int]:
@@ -131,9 +132,6 @@ def _bracket(known: Mapping[int, float], tau: float, top: int | None) -> tuple[i
     h = min(passing) if passing else top
     failing = [n for n, d in known.items() if not _passes(d, tau) and (h is None or n < h)]
     return (max(failing) if failing else 0), h
-
-
-STEPS = ("interpolate", "bisect")
 
 
 def _log_point(known: Mapping[int, float], n: int) -> tuple[float, float] | None:
@@ -479,6 +477,49 @@ def _monotone_notes(known: Mapping[int, float], taus: Sequence[float]) -> list[s
                          f"fail: {shown}{more}; N*_tau is the smallest passing N tried, not "
                          "a certified minimum")
     return notes
+
+
+def lockstep(searches: Mapping[Hashable, Generator[list[int], Sequence[float], NStarSearch]],
+             measure: Callable[[int, list[tuple[Hashable, int]]], Mapping],
+             ) -> dict[Hashable, NStarSearch]:
+    """Run many searches (``search_rounds`` generators, by key) in lockstep: each round
+    gathers every unfinished search's next Ns as ``(key, n)`` pairs, and one call of
+    ``measure(round, pairs)`` (one pass over the data for all of them: round 0 is every
+    search's grid) returns ``{(key, n): delta}``. The one driver of every N* search:
+    ``restrict``'s settings, the qa probe's (background, selection) pairs and the
+    context sweep's (length, selection, scoring) triples."""
+    asked = {key: next(gen) for key, gen in searches.items()}
+    done: dict[Hashable, NStarSearch] = {}
+    rnd = 0
+    while asked:
+        pairs = [(key, n) for key, ns in asked.items() for n in ns]
+        deltas = measure(rnd, pairs)
+        following = {}
+        for key, ns in asked.items():
+            try:
+                following[key] = searches[key].send([deltas[(key, n)] for n in ns])
+            except StopIteration as finished:
+                done[key] = finished.value
+        asked, rnd = following, rnd + 1
+    return {key: done[key] for key in searches}
+
+
+def stable_nstar(deltas: Mapping[int, float], tau: float, endpoint: int | None) -> int | None:
+    """The smallest tried N from which every larger tried N passes (delta <= tau).
+
+    The paper's second reading of a non-monotone curve (App. C.4: "smallest size with
+    all larger tested passing"); ``endpoint`` (passing by definition) when the largest
+    tried N fails, ``None`` without one.
+
+    >>> stable_nstar({1: 2.0, 2: 0.05, 4: 1.1, 8: -0.1, 16: 0.0}, 0.1, 32)
+    8
+    """
+    best = endpoint
+    for n in sorted(deltas, reverse=True):
+        if not deltas[n] <= tau:
+            break
+        best = n
+    return best
 
 
 def nstar_from(evaluations: Mapping[int, float], tau: float, length: int | None) -> int | None:

@@ -18,13 +18,30 @@ selection:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
 from attngeom.errors import ConfigError
 from attngeom.names import RANKINGS
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One way of keeping N keys: a ranking and deletion or renormalisation."""
+
+    ranking: str = "attention"
+    renormalize: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "renormalisation" if self.renormalize else "deletion"
+
+    @property
+    def label(self) -> str:
+        return f"{self.ranking}/{self.mode}"
 
 
 def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
@@ -86,8 +103,11 @@ def check_ranking(ranking: str) -> str:
 
 @contextlib.contextmanager
 def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
-                renormalize: bool = False) -> Iterator[None]:
-    """Open the selection ``ranking`` keeps at size ``n`` (see the module docstring)."""
+                renormalize: bool = False, seed: int = 0,
+                windows: Sequence[int] | object | None = None) -> Iterator[None]:
+    """Open the selection ``ranking`` keeps at size ``n`` (see the module docstring);
+    ``seed`` and ``windows`` (the batch rows' indices, or a ``restriction.WindowIds``)
+    order the random ranking."""
     check_ranking(ranking)
     if ranking == "positional":
         with positional_restriction(model, n, renormalize=renormalize):
@@ -95,5 +115,6 @@ def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
         return
     from attngeom.interventions.restriction import restrict_topn
 
-    with restrict_topn(model, n, renormalize=renormalize, ranking=ranking):
+    with restrict_topn(model, n, renormalize=renormalize, ranking=ranking, seed=seed,
+                       windows=windows):
         yield

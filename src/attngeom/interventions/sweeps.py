@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from attngeom.capture import model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import remove_heads
-from attngeom.interventions.nstar import NStarSearch, bootstrap_nstar, search_rounds
+from attngeom.interventions.nstar import NStarSearch, bootstrap_nstar, lockstep, search_rounds
 from attngeom.interventions.perplexity import (
     NLLResult,
     batch_nll_sum,
@@ -339,7 +339,8 @@ class SearchResult:
 
 def restrict_search(templates: Sequence[Restriction], measure: Measure, *, length: int,
                     taus: Sequence[float], grid: Sequence[int], adaptive: bool = True,
-                    refine: int = 3) -> tuple[float, np.ndarray, list[SearchResult]]:
+                    refine: int = 3, step: str = "interpolate",
+                    ) -> tuple[float, np.ndarray, list[SearchResult]]:
     """Run the N* search of every template (a restriction; its N is ignored) in lockstep.
 
     Each round gathers every search's next Ns into one list of settings and measures
@@ -348,29 +349,22 @@ def restrict_search(templates: Sequence[Restriction], measure: Measure, *, lengt
     as in the tables. Returns ``(base_nll, base_docs, results)``.
     """
     steps = {i: search_rounds(taus, length=length, grid=grid, adaptive=adaptive,
-                              refine=refine) for i in range(len(templates))}
-    asked = {i: next(g) for i, g in steps.items()}
+                              refine=refine, step=step) for i in range(len(templates))}
     nll: dict[int, dict] = {i: {} for i in steps}
     docs: dict[int, dict] = {i: {} for i in steps}
-    done: dict[int, NStarSearch] = {}
-    base, base_docs, rnd = math.nan, None, 0
-    while asked:
-        owners = [(i, n) for i, ns in asked.items() for n in ns]
-        settings = [templates[i].at(n) for i, n in owners]
-        b, b_docs, got, got_docs = measure(rnd, settings)
+    base: list = [math.nan, None]
+
+    def round_of(rnd: int, pairs: list) -> dict:
+        b, b_docs, got, got_docs = measure(rnd, [templates[i].at(n) for i, n in pairs])
         if rnd == 0:
-            base, base_docs = float(b), np.asarray(b_docs, dtype=np.float64)
-        for k, (i, n) in enumerate(owners):
+            base[:] = [float(b), np.asarray(b_docs, dtype=np.float64)]
+        for k, (i, n) in enumerate(pairs):
             nll[i][n], docs[i][n] = float(got[k]), np.asarray(got_docs[k], dtype=np.float64)
-        following = {}
-        for i, ns in asked.items():
-            try:
-                following[i] = steps[i].send([relative_delta(nll[i][n], base) for n in ns])
-            except StopIteration as finished:
-                done[i] = finished.value
-        asked, rnd = following, rnd + 1
-    return base, base_docs, [SearchResult(templates[i], done[i], nll[i], docs[i])
-                             for i in range(len(templates))]
+        return {(i, n): relative_delta(nll[i][n], base[0]) for i, n in pairs}
+
+    done = lockstep(steps, round_of)
+    return base[0], base[1], [SearchResult(templates[i], done[i], nll[i], docs[i])
+                              for i in range(len(templates))]
 
 
 def _passes(delta: float, taus: Sequence[float]) -> str:
@@ -380,7 +374,7 @@ def _passes(delta: float, taus: Sequence[float]) -> str:
 def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.ndarray,
                   taus: Sequence[float], *, length: int, adaptive: bool = True,
                   bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
-                  beyond: Sequence[int] = ()):
+                  beyond: Sequence[int] = (), step: str = "interpolate"):
     """``(restrict, restrict_nstar)`` from the searches: every N tried with its
     delta-NLL and the taus it passes; per search and tau the integer N*, the grid
     estimate, the document-bootstrap interval (``bootstrap`` replicates, none at 0)
@@ -410,7 +404,7 @@ def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.nd
             nstar_rows.append((s.scope, s.layer, s.head, s.renormalize, float(tau),
                                math.nan if value is None else float(value), status, s.ranking,
                                math.nan if grid_value is None else float(grid_value), low, high,
-                               len(found.evaluations), "adaptive" if adaptive else "grid",
+                               len(found.evaluations), step if adaptive else "grid",
                                found.monotone, note, int(length)))
     restrict = pd.DataFrame(rows, columns=list(RESTRICT_COLUMNS))
     restrict = restrict.astype({"layer": "int64", "head": "int64", "n": "int64"})

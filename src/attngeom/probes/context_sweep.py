@@ -21,22 +21,29 @@ set of document indices per replicate and uses it for every L, selection, scorin
 tau, so each replicate gives a whole N*(L) curve: its log-log OLS slope (log N* on log
 L) gives the slope's interval. Replicate N* values are read from the evaluated Ns only
 (the smallest passing one, else L): the model is not run again.
+
+On the engine (``prepare_context`` before the model loads, ``run_context`` after): stage
+``context`` is the baseline, one unit per (length, block of ``batch_size`` documents);
+stages ``context-search-1``, ``-2``, ... are the lockstep rounds of every (length,
+selection, scoring) search (``interventions.nstar.lockstep``), each restricted setting
+evaluated once for both scorings. A killed run resumes from its finished units.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from attngeom.capture import input_device
+from attngeom.engine.runner import RunContext, Unit
 from attngeom.errors import ConfigError
-from attngeom.interventions.selection import check_ranking, restriction
-from attngeom.probes.qa import stable_nstar
-from attngeom.probes.qa_probe import Selection
+from attngeom.interventions.nstar import lockstep, search_rounds, stable_nstar
+from attngeom.interventions.selection import Selection, restriction
 
 TAIL = 128
 SCORINGS = ("tail", "all")
@@ -139,103 +146,181 @@ def loglog_slope(lengths: Sequence[float], nstar: Sequence[float]) -> float:
     return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
 
 
-def context_sweep(model, windows: Mapping[int, torch.Tensor], *,
-                  selections: Sequence[Selection] = (Selection(),),
-                  taus: Sequence[float] = (0.01, 0.05, 0.10), tail: int = TAIL,
-                  refine: int = 3, n_boot: int = 1000, seed: int = 0, batch_size: int = 4,
-                  model_name: str = "model", corpus: str = "corpus", progress=None) -> dict:
-    """N*_tau at every length of ``windows`` (length -> (D, L) ids), both scorings.
+@dataclass(frozen=True)
+class ContextInputs:
+    """What ``prepare_context`` built: length -> (D, L) nested windows, their documents'
+    protocol record, the corpus label and the selections."""
 
-    Returns long tables ``context_nll`` (baseline per L and scoring), ``context_curve``
-    (every N tried), ``context_nstar`` (N*_tau with its bootstrap interval) and
-    ``context_slope`` (log-log slope of N* on L with its interval).
-    """
+    windows: dict[int, torch.Tensor]
+    record: object
+    corpus: str
+    selections: tuple[Selection, ...]
+
+
+def prepare_context(ctx: RunContext) -> ContextInputs:
+    """The nested windows of every length, cut before the model loads (tokenizer only):
+    too few eligible documents, or a length past the model's positions, is one line."""
+    from attngeom.corpora.documents import probe_corpus, probe_documents
+
+    cfg = ctx.config
+    docs, corpus = probe_documents(probe_corpus(cfg.corpus))
+    if ctx.model is not None:
+        config_bos = getattr(ctx.model.config, "bos_token_id", None)
+    else:
+        from attngeom.capture.loading import inspect_model
+
+        config_bos = (inspect_model(cfg.model) or {}).get("bos_token_id")
+    limit = ctx.shape.max_positions if ctx.shape is not None else None
+    windows, record = sweep_windows(docs, ctx.tokenizer, cfg.context_lengths(limit),
+                                    n_documents=cfg.n_documents, seed=cfg.seed,
+                                    dataset=corpus, model_id=ctx.model_label,
+                                    config_bos=config_bos, tail=cfg.tail)
+    if limit is not None and max(windows) > limit:
+        raise ConfigError(f"lengths: a context of {max(windows)} tokens is longer than the "
+                          f"model's {limit} positions; ask for shorter lengths")
+    selections = tuple(Selection(r, bool(f)) for r in cfg.rankings for f in cfg.renormalize)
+    return ContextInputs(windows=windows, record=record, corpus=corpus, selections=selections)
+
+
+def _units(inputs: ContextInputs, size: int) -> list[Unit]:
+    """Per length, consecutive blocks of ``size`` documents (``ids``: length, documents)."""
+    units = []
+    for length in sorted(inputs.windows):
+        d = int(inputs.windows[length].shape[0])
+        for start in range(0, d, size):
+            idx = tuple(range(start, min(d, start + size)))
+            units.append(Unit(len(units), (length, idx), ids=(length, *idx)))
+    return units
+
+
+def run_context(ctx: RunContext) -> dict:
+    """The context tables: the baseline of every length, then the N* searches of every
+    (length, selection, scoring) in lockstep rounds, each a stage of resumable units."""
+    cfg, inputs, model = ctx.config, ctx.inputs, ctx.model
+    tail, taus = cfg.tail, cfg.effective_taus
+    lengths = check_lengths(inputs.windows, tail)
+    n_docs = int(inputs.windows[lengths[0]].shape[0])
+    units = _units(inputs, cfg.batch_size)
+
+    def ids_of(unit: Unit) -> torch.Tensor:
+        length, idx = unit.windows
+        return inputs.windows[length][list(idx)]
+
+    def gather(stage: str, process, desc: str, weight) -> dict:
+        """Per (length, key) the documents' (all, tail) NLL, units concatenated in order."""
+        got: dict[tuple, list] = {}
+        for unit, part in zip(units, ctx.run_units(stage, units, process, desc=desc,
+                                                   unit="pass", weight=weight), strict=True):
+            for key, value in part.items():
+                got.setdefault((unit.windows[0], key), []).append(value)
+        return {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+                for k, v in got.items()}
+
+    base_parts = gather("context", lambda u: {"base": document_nll(model, ids_of(u), tail=tail,
+                                                                   batch_size=cfg.batch_size)},
+                        f"context: baseline ({n_docs} documents x {len(lengths)} lengths)",
+                        lambda u: 1)
+    base = {L: dict(zip(("all", "tail"), base_parts[(L, "base")], strict=True))
+            for L in lengths}
+    cache: dict[tuple, dict[str, np.ndarray]] = {}  # (length, selection, n) -> scoring -> (D,)
+
+    def measure(rnd: int, pairs: list) -> dict:
+        need = sorted({(L, s, n) for (L, s, _), n in pairs if (L, s, n) not in cache})
+        if need:
+            def process(unit: Unit) -> dict:
+                out = {}
+                for L, s, n in need:
+                    if unit.windows[0] != L:
+                        continue
+                    sel = inputs.selections[s]
+                    with restriction(model, int(n), ranking=sel.ranking,
+                                     renormalize=sel.renormalize, seed=cfg.seed):
+                        out[(s, n)] = document_nll(model, ids_of(unit), tail=tail,
+                                                   batch_size=cfg.batch_size)
+                return out
+
+            parts = gather(f"context-search-{rnd + 1}", process,
+                           f"context: N* search round {rnd + 1} ({len(need)} settings)",
+                           lambda u: sum(1 for L, _, _ in need if u.windows[0] == L))
+            for L, s, n in need:
+                a, t_ = parts[(L, (s, n))]
+                cache[(L, s, n)] = {"all": a, "tail": t_}
+        return {((L, s, scoring), n): _relative(cache[(L, s, n)][scoring], base[L][scoring])
+                for (L, s, scoring), n in pairs}
+
+    searches = {(L, s, scoring): search_rounds(taus, length=L, grid_max=L, refine=3,
+                                               step=cfg.step)
+                for L in lengths for s in range(len(inputs.selections)) for scoring in SCORINGS}
+    found = lockstep(searches, measure)
+    ctx.counts["context_lengths"] = len(lengths)
+    return _context_tables(cfg, inputs, lengths, base, cache, found)
+
+
+def _context_tables(cfg, inputs: ContextInputs, lengths, base, cache, found) -> dict:
     import pandas as pd
 
-    from attngeom.interventions.nstar import search_nstar
-
-    lengths = check_lengths(windows, tail)
-    d = {int(windows[L].shape[0]) for L in lengths}
-    if len(d) != 1:
-        raise ConfigError(f"expected the same documents at every length, got counts {d}")
-    for sel in selections:
-        check_ranking(sel.ranking)
-    say = progress or (lambda _m: None)
-    n_docs = d.pop()
-    draws = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 0xC0])
+    taus, n_boot = cfg.effective_taus, cfg.bootstrap
+    n_docs = int(inputs.windows[lengths[0]].shape[0])
+    draws = np.random.default_rng(np.random.SeedSequence([int(cfg.seed) & 0xFFFFFFFF, 0xC0])
                                   ).integers(0, n_docs, size=(int(n_boot), n_docs))
-    common = {"model": model_name, "corpus": corpus, "n_documents": n_docs}
-    rows_nll, rows_curve, rows_nstar = [], [], []
+    common = {"n_documents": n_docs}
+    rows_nll = [{**common, "length": L, "scoring": scoring, "nll": float(base[L][scoring].mean())}
+                for L in lengths for scoring in SCORINGS]
+    rows_curve, rows_nstar = [], []
     replicates: dict[tuple, dict[int, np.ndarray]] = {}
-    for length in lengths:
-        ids = windows[length]
-        say(f"context: L={length}, full model")
-        base = dict(zip(("all", "tail"), document_nll(model, ids, tail=tail,
-                                                      batch_size=batch_size), strict=True))
-        for scoring in SCORINGS:
-            rows_nll.append({**common, "length": length, "scoring": scoring,
-                             "nll": float(base[scoring].mean())})
-        for sel in selections:
-            cache: dict[int, dict[str, np.ndarray]] = {}
-
-            def fill(ns, sel=sel, cache=cache, ids=ids, length=length):
-                for n in ns:
-                    if n not in cache:
-                        say(f"context: L={length}, {sel.label}, N={n}")
-                        with restriction(model, int(n), ranking=sel.ranking,
-                                         renormalize=sel.renormalize):
-                            a, t = document_nll(model, ids, tail=tail, batch_size=batch_size)
-                        cache[n] = {"all": a, "tail": t}
-
-            for scoring in ("tail", "all"):
-                def evaluate(ns, scoring=scoring, cache=cache, base=base, fill=fill):
-                    fill(ns)
-                    return [_relative(cache[n][scoring], base[scoring]) for n in ns]
-
-                result = search_nstar(evaluate, taus, length=length, grid_max=length,
-                                      refine=refine)
-                keys = {**common, "length": length, "ranking": sel.ranking,
-                        "mode": sel.mode, "scoring": scoring}
-                # the search may have read Ns another scoring evaluated: all count
-                per_n = {n: cache[n][scoring] for n in sorted(cache)}
-                for n, values in per_n.items():
-                    rows_curve.append({**keys, "n": n,
-                                       "delta_rel": _relative(values, base[scoring])})
+    for L in lengths:
+        for s, sel in enumerate(inputs.selections):
+            for scoring in SCORINGS:
+                result = found[(L, s, scoring)]
+                keys = {**common, "length": L, "ranking": sel.ranking, "mode": sel.mode,
+                        "scoring": scoring}
+                # every N evaluated for this (length, selection), by either scoring
+                per_n = {n: cache[(L, ss, n)][scoring] for (LL, ss, n) in sorted(cache)
+                         if LL == L and ss == s}
+                deltas = {n: _relative(v, base[L][scoring]) for n, v in per_n.items()}
+                rows_curve += [{**keys, "n": n, "delta_rel": d} for n, d in deltas.items()]
                 for tau in taus:
-                    rep = _replicate_nstar(base[scoring], per_n, float(tau), length, draws)
+                    rep = _replicate_nstar(base[L][scoring], per_n, float(tau), L, draws)
                     replicates.setdefault((sel.ranking, sel.mode, scoring, float(tau)),
-                                          {})[length] = rep
-                    low, high = np.quantile(rep, [0.025, 0.975])
+                                          {})[L] = rep
+                    low, high = (np.quantile(rep, [0.025, 0.975]) if rep.size
+                                 else (math.nan, math.nan))
                     rows_nstar.append({**keys, "tau": float(tau),
                                        "nstar": min(result.nstar[float(tau)],
-                                                    _smallest(per_n, base[scoring], tau,
-                                                              length)),
+                                                    _smallest(per_n, base[L][scoring], tau, L)),
                                        "grid_nstar": result.grid_nstar[float(tau)],
-                                       "nstar_stable": stable_nstar(
-                                           {n: _relative(v, base[scoring])
-                                            for n, v in per_n.items()}, float(tau), length),
+                                       "nstar_stable": stable_nstar(deltas, float(tau), L),
                                        "nstar_low": float(low), "nstar_high": float(high),
-                                       "evaluations": len(per_n),
+                                       "evaluations": len(per_n), "search": cfg.step,
                                        "monotone": result.monotone,
                                        "notes": " | ".join(result.notes)})
     nstar = pd.DataFrame(rows_nstar)
-    rows_slope = []
+    return {"context_nll": pd.DataFrame(rows_nll), "context_curve": pd.DataFrame(rows_curve),
+            "context_nstar": nstar,
+            "context_slope": _slope_rows(nstar, replicates, common)}
+
+
+def _slope_rows(nstar, replicates: dict, common: dict):
+    """Per (selection, scoring, tau): the log-log slope of N* on L and its interval from
+    the replicates' whole N*(L) curves."""
+    import pandas as pd
+
+    rows = []
     for (ranking, mode, scoring, tau), by_length in replicates.items():
         sub = nstar[(nstar.ranking == ranking) & (nstar["mode"] == mode)
                     & (nstar.scoring == scoring) & (nstar.tau == tau)].sort_values("length")
         slope = loglog_slope(sub["length"], sub["nstar"])
         ls = sorted(by_length)
         reps = np.stack([by_length[L] for L in ls], axis=1)  # (R, n_lengths)
-        boot = np.array([loglog_slope(ls, r) for r in reps]) if len(ls) > 1 else \
-            np.array([math.nan])
+        boot = (np.array([loglog_slope(ls, r) for r in reps]) if len(ls) > 1 and len(reps)
+                else np.array([math.nan]))
         low, high = (np.nanquantile(boot, [0.025, 0.975]) if np.isfinite(boot).any()
                      else (math.nan, math.nan))
-        rows_slope.append({**common, "ranking": ranking, "mode": mode, "scoring": scoring,
-                           "tau": tau, "slope": slope, "slope_low": float(low),
-                           "slope_high": float(high), "n_lengths": len(ls),
-                           "lengths": ",".join(str(x) for x in ls)})
-    return {"context_nll": pd.DataFrame(rows_nll), "context_curve": pd.DataFrame(rows_curve),
-            "context_nstar": nstar, "context_slope": pd.DataFrame(rows_slope)}
+        rows.append({**common, "ranking": ranking, "mode": mode, "scoring": scoring,
+                     "tau": tau, "slope": slope, "slope_low": float(low),
+                     "slope_high": float(high), "n_lengths": len(ls),
+                     "lengths": ",".join(str(x) for x in ls)})
+    return pd.DataFrame(rows)
 
 
 def _smallest(per_n: Mapping[int, np.ndarray], base: np.ndarray, tau: float,

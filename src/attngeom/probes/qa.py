@@ -561,24 +561,6 @@ def candidate_scores(model, example: QAExample, candidates: Candidates,
     return torch.stack(scores).cpu()
 
 
-def stable_nstar(deltas: dict[int, float], tau: float, endpoint: int | None) -> int | None:
-    """The smallest tried N from which every larger tried N passes (delta <= tau).
-
-    The paper's second reading of a non-monotone curve (App. C.4: "smallest size with
-    all larger tested passing"); ``endpoint`` (passing by definition) when the largest
-    tried N fails, ``None`` without one.
-
-    >>> stable_nstar({1: 2.0, 2: 0.05, 4: 1.1, 8: -0.1, 16: 0.0}, 0.1, 32)
-    8
-    """
-    best = endpoint
-    for n in sorted(deltas, reverse=True):
-        if not deltas[n] <= tau:
-            break
-        best = n
-    return best
-
-
 def screen(accuracy: float, loss: float, n_candidates: int = len(LOCATIONS)) -> bool:
     """The competence screen: accuracy >= 1/C + 0.05 and loss <= log C - 0.05."""
     return accuracy >= 1.0 / n_candidates + 0.05 and loss <= math.log(n_candidates) - 0.05

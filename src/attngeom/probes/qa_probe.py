@@ -1,6 +1,19 @@
-"""Run the qa1 probe on a model: answers, support statistics, N* (issue 31).
+"""The qa1 probe on the engine: answers, support statistics, N* (issue 31, 37).
 
-``qa_probe(model, tokenizer, examples_by_background, ...)`` returns long tables:
+``prepare_qa(ctx)`` builds every prompt before the model loads (tokenizer only: a
+background that does not fit the model's positions is one line then); ``run_qa(ctx)``
+computes the tables as resumable units (``RunContext.run_units``):
+
+- stage ``qa``: per background, blocks of ``batch_size`` examples: the unmodified
+  model's answers and support statistics (one forward per example, the support rows
+  captured at the answer query only);
+- stages ``qa-search-1``, ``qa-search-2``, ...: the N* searches of every (background,
+  selection) in lockstep (``interventions.nstar.lockstep``), one stage per round; a
+  round's unit is one block of examples, restricted under every (selection, N) its
+  background asked for in the round.
+
+A killed run resumes from its finished units with the same command and ends with the
+same tables; under ``torchrun`` the processes share the units. The tables:
 
 - ``qa_answers``: per background, accuracy (Wilson interval) and mean answer loss
   (bootstrap interval over examples), the competence screen (accuracy >= 1/6 + 0.05 and
@@ -13,12 +26,8 @@
   example first (equal weight per head, then per example: the paper's aggregation);
 - ``qa_curve``: per background and selection, every N tried and the mean answer-loss
   increase over examples with its bootstrap interval;
-- ``qa_nstar``: N*_tau per background and selection (tau in nats), from the adaptive
-  search of ``attngeom.interventions.nstar``; its bootstrap interval over examples.
-
-The support statistics come from the capture path (``capture_attention`` at the answer
-query only, one row per layer), computed layer by layer and dropped: no attention matrix
-of the prompt is kept. One forward per example gives both the answer and the statistics.
+- ``qa_nstar``: N*_tau per background and selection (tau in nats), its bootstrap
+  interval over examples, and the search rule that ran.
 """
 
 from __future__ import annotations
@@ -33,37 +42,30 @@ import torch
 from attngeom.capture import capture_attention, input_device, model_layout
 from attngeom.core.stats import bootstrap_mean_ci
 from attngeom.core.support import STATISTICS, contribution_scores, support_statistics
-from attngeom.errors import ConfigError
-from attngeom.interventions.selection import check_ranking, restriction
-from attngeom.probes.qa import (
-    Candidates,
-    QAExample,
-    answer_loss,
-    candidate_prefix,
-    candidate_scores,
-    candidate_tokens,
-    screen,
-    stable_nstar,
-)
+from attngeom.engine.runner import RunContext, Unit
+from attngeom.errors import ConfigError, RunDirError
+from attngeom.interventions.nstar import lockstep, search_rounds, stable_nstar
+from attngeom.interventions.restriction import WindowIds
+from attngeom.interventions.selection import Selection, restriction
+from attngeom.names import MODEL_RULES
+from attngeom.probes import qa
+from attngeom.probes.qa import Candidates, QAExample, answer_loss, candidate_scores, screen
 
-SCORES = ("attention", "contribution")
+SCORES = MODEL_RULES  # the support statistics rank keys by attention and by contribution
 SPLITS = ("all", "correct", "incorrect")
 
 
 @dataclass(frozen=True)
-class Selection:
-    """One way of keeping N keys: a ranking and deletion or renormalisation."""
+class QAInputs:
+    """What ``prepare_qa`` built: the examples of every background, the candidates, the
+    prompt format chosen and what the manifest records of them."""
 
-    ranking: str = "attention"
-    renormalize: bool = False
-
-    @property
-    def mode(self) -> str:
-        return "renormalisation" if self.renormalize else "deletion"
-
-    @property
-    def label(self) -> str:
-        return f"{self.ranking}/{self.mode}"
+    examples: dict[int, list[QAExample]]
+    candidates: Candidates
+    prompt_format: str
+    corpus: str
+    selections: tuple[Selection, ...]
+    record: dict
 
 
 @dataclass
@@ -74,6 +76,15 @@ class FullPass:
     predicted: np.ndarray  # (E,) candidate index
     correct: np.ndarray  # (E,) bool
     support: dict[str, np.ndarray]  # "<score>/<statistic>" -> (E, L, H)
+
+    @classmethod
+    def concat(cls, parts: Sequence[FullPass]) -> FullPass:
+        """The passes of consecutive blocks of examples as one."""
+        return cls(loss=np.concatenate([p.loss for p in parts]),
+                   predicted=np.concatenate([p.predicted for p in parts]),
+                   correct=np.concatenate([p.correct for p in parts]),
+                   support={k: np.concatenate([p.support[k] for p in parts])
+                            for k in parts[0].support})
 
 
 def _answer_index(example: QAExample, candidates: Candidates) -> int:
@@ -115,14 +126,18 @@ def full_pass(model, examples: Sequence[QAExample], candidates: Candidates, *,
 
 
 def restricted_losses(model, examples: Sequence[QAExample], candidates: Candidates, n: int,
-                      selection: Selection) -> tuple[np.ndarray, np.ndarray]:
-    """(E,) answer loss and (E,) bool correctness with N keys kept per query row."""
+                      selection: Selection, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(E,) answer loss and (E,) bool correctness with N keys kept per query row (the
+    random ranking's order is seeded by ``seed`` and each example's episode)."""
     device = input_device(model)
     out = np.empty(len(examples))
     correct = np.empty(len(examples), dtype=bool)
+    ids = WindowIds()
     with torch.no_grad(), restriction(model, n, ranking=selection.ranking,
-                                      renormalize=selection.renormalize):
+                                      renormalize=selection.renormalize, seed=seed,
+                                      windows=ids):
         for i, ex in enumerate(examples):
+            ids.set([ex.episode])
             values = candidate_scores(model, ex, candidates, device)
             answer = _answer_index(ex, candidates)
             out[i], predicted = answer_loss(values, answer)
@@ -140,15 +155,6 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def _search():
-    try:
-        from attngeom.interventions.nstar import search_nstar
-    except ImportError:  # the adaptive search is another helper's module
-        raise ConfigError("N* needs attngeom.interventions.nstar.search_nstar, which this "
-                          "attngeom lacks; run with nstar=False") from None
-    return search_nstar
-
-
 def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float, int]:
     m, lo, hi, n = bootstrap_mean_ci(np.asarray(values, dtype=np.float64)[None, :],
                                      n_boot=n_boot, seed=seed)
@@ -161,127 +167,206 @@ def _split_mask(split: str, correct: np.ndarray) -> np.ndarray:
     return correct if split == "correct" else ~correct
 
 
-def qa_probe(model, tokenizer, examples: Mapping[int, Sequence[QAExample]], *,
-             selections: Sequence[Selection] = (Selection(),),
-             positional: bool = True, taus: Sequence[float] = (0.10, 0.20),
-             nstar: bool = True, grid_max: int = 256, refine: int = 3,
-             extend: bool = True, scores: Sequence[str] = SCORES, n_boot: int = 1000,
-             seed: int = 0, model_name: str = "model", progress=None) -> dict:
-    """The qa1 probe over backgrounds; returns the tables named in the module docstring.
+def prepare_qa(ctx: RunContext) -> QAInputs:
+    """Every prompt of the run, tokenised and checked against the model's positions
+    before the model loads (``ctx.shape``); the examples are the same whoever runs them."""
+    from attngeom.corpora.documents import probe_corpus, probe_documents
 
-    ``examples``: background (tokens) -> its examples (``build_examples`` or
-    ``load_babilong``). ``selections``: the restrictions N* is searched for;
-    ``positional`` adds the positional control (deletion). ``extend``: past the grid
-    bisect up to the longest prompt (the paper's adaptive extensions; the prompt length
-    passes by definition); otherwise "> grid_max" (``nstar`` empty) when nothing passes.
-    """
+    cfg = ctx.config
+    fmt = cfg.prompt_format
+    has_template = bool(getattr(ctx.tokenizer, "chat_template", None))
+    if fmt == "chat" and not has_template:
+        raise ConfigError(f"prompt_format: chat asked, but {ctx.model_label}'s tokenizer "
+                          "has no chat template (use plain or auto)")
+    if fmt == "auto":
+        fmt = "chat" if has_template else "plain"
+    limit = ctx.shape.max_positions if ctx.shape is not None else None
+    record: dict = {}
+    if cfg.babilong is not None:
+        rows, dropped = qa.load_babilong(ctx.tokenizer, source=cfg.babilong,
+                                         prompt_format=fmt, n=cfg.n_episodes,
+                                         max_positions=limit, answer_prefix=cfg.answer_prefix)
+        examples = {rows[0].background: rows}
+        corpus = f"BABILong {cfg.babilong}"
+        record["babilong_left_out"] = dropped
+    else:
+        episodes = qa.generate_episodes(cfg.n_episodes, facts=tuple(cfg.facts), seed=cfg.seed)
+        wanted = cfg.backgrounds or cfg.DEFAULT_BACKGROUNDS
+        sentences, corpus = [], "none"
+        if any(b > 0 for b in wanted):
+            docs, corpus = probe_documents(probe_corpus(cfg.corpus))
+            sentences = qa.background_sentences(docs)
+        examples = {}
+        for b in wanted:
+            try:
+                examples[int(b)] = qa.build_examples(
+                    episodes, ctx.tokenizer, int(b), sentences=sentences, prompt_format=fmt,
+                    seed=cfg.seed, max_positions=limit, answer_prefix=cfg.answer_prefix)
+            except ConfigError:
+                if cfg.backgrounds is not None:  # asked for: its one line stands
+                    raise
+                record.setdefault("backgrounds_left_out", []).append(int(b))
+        if not examples:
+            raise ConfigError(f"backgrounds: no default background fits the model's {limit} "
+                              "positions; pass --backgrounds")
+    candidates = qa.candidate_tokens(ctx.tokenizer,
+                                     prefix=qa.candidate_prefix(fmt, cfg.answer_prefix))
+    selections = tuple(Selection(r, bool(f)) for r in cfg.rankings for f in cfg.renormalize)
+    if cfg.positional and Selection("positional", False) not in selections:
+        selections += (Selection("positional", False),)
+    record.update({
+        "backgrounds": sorted(examples), "episodes": {str(b): len(v) for b, v in
+                                                      sorted(examples.items())},
+        "prompt_tokens_max": {str(b): max(e.length for e in v)
+                              for b, v in sorted(examples.items())},
+        "background_tokens_mean": {str(b): float(np.mean([e.background_tokens for e in v]))
+                                   for b, v in sorted(examples.items())},
+        "background_corpus": corpus, "prompt_format": fmt})
+    return QAInputs(examples=examples, candidates=candidates, prompt_format=fmt,
+                    corpus=corpus, selections=selections, record=record)
+
+
+def _blocks(inputs: QAInputs, size: int) -> list[Unit]:
+    """The probe's units: per background, consecutive blocks of ``size`` examples
+    (``windows`` holds (background, example indices); ``ids`` names them in the shard)."""
+    units = []
+    for b in sorted(inputs.examples):
+        n = len(inputs.examples[b])
+        for start in range(0, n, size):
+            idx = tuple(range(start, min(n, start + size)))
+            units.append(Unit(len(units), (b, idx), ids=(b, *idx)))
+    return units
+
+
+def run_qa(ctx: RunContext) -> dict:
+    """The qa tables (module docstring) from the prepared inputs, unit by unit."""
+
+    cfg, inputs = ctx.config, ctx.inputs
+    model, cands = ctx.model, inputs.candidates
+    units = _blocks(inputs, cfg.batch_size)
+
+    def examples_of(unit: Unit) -> list[QAExample]:
+        b, idx = unit.windows
+        return [inputs.examples[b][i] for i in idx]
+
+    parts: dict[int, list[FullPass]] = {b: [] for b in inputs.examples}
+    for unit, part in zip(units, ctx.run_units(
+            "qa", units, lambda u: full_pass(model, examples_of(u), cands),
+            desc=f"qa: answers and support ({sum(map(len, inputs.examples.values()))} "
+                 "prompts)", unit="prompt", weight=lambda u: len(u.windows[1])), strict=True):
+        parts[unit.windows[0]].append(part)
+    base = {b: FullPass.concat(p) for b, p in parts.items()}
+    ctx.counts["qa_examples"] = sum(len(v) for v in inputs.examples.values())
+    frames = _answer_tables(inputs, base, cfg.bootstrap, cfg.seed)
+    if cfg.nstar:
+        frames.update(_search_tables(ctx, units, examples_of, base))
+    return frames
+
+
+def _answer_tables(inputs: QAInputs, base: Mapping[int, FullPass], n_boot: int,
+                   seed: int) -> dict:
     import pandas as pd
 
-    if not examples or any(len(v) == 0 for v in examples.values()):
-        raise ConfigError("expected examples for at least one background, got an empty "
-                          "episode set")
-    for s in scores:
-        if s not in SCORES:
-            raise ConfigError(f"expected scores in {list(SCORES)}, got {s!r}")
-    chosen = list(selections) + ([Selection("positional", False)] if positional else [])
-    for sel in chosen:
-        check_ranking(sel.ranking)
-    fmt = sorted({ex.prompt_format for v in examples.values() for ex in v})
-    if len(fmt) != 1:
-        raise ConfigError(f"expected examples of one prompt format, got {fmt}")
-    openings = sorted({ex.answer_prefix for v in examples.values() for ex in v})
-    if len(openings) > 1:
-        raise ConfigError(f"expected one answer prefix for every example, got {openings}")
-    candidates = candidate_tokens(tokenizer, prefix=candidate_prefix(fmt[0], openings[0]))
     rows_answers, rows_examples, rows_support, rows_summary = [], [], [], []
-    rows_curve, rows_nstar = [], []
-    common = {"model": model_name, "prompt_format": ",".join(fmt)}
-    for background in sorted(examples):
-        exs = list(examples[background])
-        say = progress or (lambda _m: None)
-        say(f"qa: background {background}, {len(exs)} examples, full model")
-        base = full_pass(model, exs, candidates, scores=scores)
-        n = len(exs)
-        k = int(base.correct.sum())
+    cands = inputs.candidates
+    common = {"prompt_format": inputs.prompt_format}
+    for background in sorted(inputs.examples):
+        exs, full = inputs.examples[background], base[background]
+        n, k = len(exs), int(full.correct.sum())
         lo, hi = wilson(k, n)
-        loss_m, loss_lo, loss_hi, _ = _mean_ci(base.loss, n_boot, seed)
+        loss_m, loss_lo, loss_hi, _ = _mean_ci(full.loss, n_boot, seed)
         rows_answers.append({**common, "background": background, "n_examples": n,
                              "accuracy": k / n, "accuracy_low": lo, "accuracy_high": hi,
                              "loss": loss_m, "loss_low": loss_lo, "loss_high": loss_hi,
-                             "screen": screen(k / n, loss_m, len(candidates.names)),
-                             "scoring": candidates.rule,
-                             "candidate_prefix": repr(candidates.prefix),
+                             "screen": screen(k / n, loss_m, len(cands.names)),
+                             "scoring": cands.rule, "candidate_prefix": repr(cands.prefix),
                              "prompt_tokens": float(np.mean([e.length for e in exs])),
                              "background_tokens": float(np.mean([e.background_tokens
                                                                  for e in exs]))})
         for i, ex in enumerate(exs):
             rows_examples.append({**common, "background": background, "episode": ex.episode,
                                   "answer": ex.answer,
-                                  "predicted": candidates.names[base.predicted[i]],
-                                  "correct": bool(base.correct[i]), "loss": base.loss[i],
+                                  "predicted": cands.names[full.predicted[i]],
+                                  "correct": bool(full.correct[i]), "loss": full.loss[i],
                                   "prompt_tokens": ex.length, "support_tokens": len(ex.support),
                                   "nonsupport_tokens": len(ex.context) - len(ex.support),
                                   "background_tokens": ex.background_tokens})
-        _support_rows(base, background, common, n_boot, seed, rows_support, rows_summary)
-        if not nstar:
-            continue
-        length = max(e.length for e in exs)
-        for sel in chosen:
-            say(f"qa: background {background}, N* for {sel.label}")
-            curve, found = _nstar_rows(model, exs, candidates, base.loss, sel, taus,
-                                       length=length, grid_max=grid_max, refine=refine,
-                                       extend=extend, n_boot=n_boot, seed=seed)
-            extra = {**common, "background": background}
-            rows_curve.extend({**extra, **r} for r in curve)
-            rows_nstar.extend({**extra, **r} for r in found)
-    frames = {
-        "qa_answers": pd.DataFrame(rows_answers),
-        "qa_examples": pd.DataFrame(rows_examples),
-        "qa_support": pd.DataFrame(rows_support),
-        "qa_support_summary": pd.DataFrame(rows_summary),
-        "qa_curve": pd.DataFrame(rows_curve),
-        "qa_nstar": pd.DataFrame(rows_nstar),
-    }
-    return frames
+        _support_rows(full, background, common, n_boot, seed, rows_support, rows_summary)
+    return {"qa_answers": pd.DataFrame(rows_answers),
+            "qa_examples": pd.DataFrame(rows_examples),
+            "qa_support": pd.DataFrame(rows_support),
+            "qa_support_summary": pd.DataFrame(rows_summary)}
 
 
-def _nstar_rows(model, exs, candidates, base_loss, sel: Selection, taus, *, length: int,
-                grid_max: int, refine: int, extend: bool, n_boot: int, seed: int):
-    """The adaptive search for one selection: (curve rows, N* rows)."""
-    search_nstar = _search()
-    per_n: dict[int, np.ndarray] = {}
-    right: dict[int, np.ndarray] = {}
+def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dict:
+    """The N* searches of every (background, selection), in lockstep rounds of units."""
+    import pandas as pd
 
-    def evaluate(ns):
-        out = []
-        for size in ns:
-            losses, ok = restricted_losses(model, exs, candidates, int(size), sel)
-            per_n[int(size)], right[int(size)] = losses, ok
-            out.append(float(np.mean(losses - base_loss)))
+    cfg, inputs = ctx.config, ctx.inputs
+    taus = cfg.effective_taus
+    length = {b: max(e.length for e in v) for b, v in inputs.examples.items()}
+    searches = {(b, s): search_rounds(taus, length=length[b], grid_max=cfg.grid_max,
+                                      refine=3, step=cfg.step)
+                for b in sorted(inputs.examples) for s in range(len(inputs.selections))}
+    losses: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in searches}
+    right: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in searches}
+
+    def measure(rnd: int, pairs: list) -> dict:
+        asked = sorted({(b, s, n) for (b, s), n in pairs})
+
+        def process(unit: Unit) -> dict:
+            b = unit.windows[0]
+            exs = examples_of(unit)
+            mine = [(s, n) for bb, s, n in asked if bb == b]
+            out = {"asked": mine}
+            for s, n in mine:
+                out[(s, n)] = restricted_losses(ctx.model, exs, inputs.candidates, n,
+                                                inputs.selections[s], seed=cfg.seed)
+            return out
+
+        got: dict[tuple, list] = {}
+        for unit, part in zip(units, ctx.run_units(
+                f"qa-search-{rnd + 1}", units, process, unit="prompt",
+                desc=f"qa: N* search round {rnd + 1} ({len(asked)} settings)",
+                weight=lambda u: len(u.windows[1]) * sum(1 for b, _, _ in asked
+                                                           if b == u.windows[0])),
+                strict=True):
+            b = unit.windows[0]
+            if part["asked"] != [(s, n) for bb, s, n in asked if bb == b]:
+                raise RunDirError(f"qa-search-{rnd + 1}: a shard holds other settings than "
+                                  "this run asks; rerun with --overwrite")
+            for s, n in part["asked"]:
+                got.setdefault((b, s, n), []).append(part[(s, n)])
+        out = {}
+        for (b, s, n), chunks in got.items():
+            losses[(b, s)][n] = np.concatenate([c[0] for c in chunks])
+            right[(b, s)][n] = np.concatenate([c[1] for c in chunks])
+            out[((b, s), n)] = float(np.mean(losses[(b, s)][n] - base[b].loss))
         return out
 
-    # N >= the longest prompt restricts nothing (a pass by definition); within the grid
-    # that endpoint is the paper's too, past it only with ``extend``
-    endpoint = extend or length <= grid_max
-    result = search_nstar(evaluate, taus, length=length, grid_max=grid_max, refine=refine,
-                          endpoint=endpoint)
-    keys = {"ranking": sel.ranking, "mode": sel.mode}
-    curve = []
-    for size in sorted(per_n):
-        m, lo, hi, _ = _mean_ci(per_n[size] - base_loss, n_boot, seed)
-        curve.append({**keys, "n": size, "delta_loss": m, "delta_low": lo, "delta_high": hi,
-                      "accuracy": float(np.mean(right[size]))})
-    intervals = _nstar_intervals(base_loss, per_n, taus, length if endpoint else None,
-                                 n_boot, seed)
-    found = [{**keys, "tau": float(tau), "nstar": _number(result.nstar[float(tau)]),
-              "grid_nstar": _number(result.grid_nstar[float(tau)]),
-              "nstar_stable": _number(stable_nstar(result.evaluations, float(tau),
-                                                   length if endpoint else None)),
-              "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
-              "evaluations": len(result.evaluations), "prompt_tokens_max": length,
-              "monotone": result.monotone, "notes": " | ".join(result.notes)}
-             for tau in taus]
-    return curve, found
+    found = lockstep(searches, measure)
+    rows_curve, rows_nstar = [], []
+    for (b, s), result in found.items():
+        sel = inputs.selections[s]
+        keys = {"prompt_format": inputs.prompt_format, "background": b,
+                "ranking": sel.ranking, "mode": sel.mode}
+        for n in sorted(losses[(b, s)]):
+            m, lo, hi, _ = _mean_ci(losses[(b, s)][n] - base[b].loss, cfg.bootstrap, cfg.seed)
+            rows_curve.append({**keys, "n": n, "delta_loss": m, "delta_low": lo,
+                               "delta_high": hi, "accuracy": float(np.mean(right[(b, s)][n]))})
+        intervals = _nstar_intervals(base[b].loss, losses[(b, s)], taus, length[b],
+                                     cfg.bootstrap, cfg.seed)
+        for tau in taus:
+            rows_nstar.append({
+                **keys, "tau": float(tau), "nstar": _number(result.nstar[float(tau)]),
+                "grid_nstar": _number(result.grid_nstar[float(tau)]),
+                "nstar_stable": _number(stable_nstar(result.evaluations, float(tau),
+                                                     length[b])),
+                "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
+                "evaluations": len(result.evaluations), "prompt_tokens_max": length[b],
+                "search": cfg.step, "monotone": result.monotone,
+                "notes": " | ".join(result.notes)})
+    return {"qa_curve": pd.DataFrame(rows_curve), "qa_nstar": pd.DataFrame(rows_nstar)}
 
 
 def _number(n: int | None) -> float:
@@ -293,7 +378,7 @@ def _nstar_intervals(base: np.ndarray, per_n: Mapping[int, np.ndarray], taus,
                      length: int | None, n_boot: int, seed: int) -> dict:
     from attngeom.interventions.nstar import bootstrap_nstar
 
-    if not per_n:
+    if not per_n or n_boot < 1:
         return {float(t): (math.nan, math.nan) for t in taus}
     return bootstrap_nstar(base, per_n, taus, length=length, relative=False,
                            replicates=n_boot, seed=seed)
