@@ -2,16 +2,21 @@
 one report.
 
 1. The study file is read and checked (``studies.study``); nothing has loaded yet.
+   ``--shard K/N`` (or a scheduler's array index, ``studies/shards.py``) keeps a share
+   of the cells.
 2. ``--dry-run`` stops here and lists the cells: command, windows, memory estimate.
-3. Each cell runs through the common runner (``pipeline.runner.execute``) in
+3. Each cell runs through the common runner (``engine.runner.execute``) in
    ``DIR/runs/MODEL/CORPUS/COMMAND``: a finished cell (its manifest holds the same
    configuration) is skipped without loading anything, an unfinished one resumes from
-   its shards. A model loads once for all its cells.
-4. The same table of every run is written side by side to ``DIR/tables/NAME.parquet``
-   (model and corpus columns), beside the study's own tables: ``regime_stability``
-   (taxonomy between corpora), ``geometry_loss`` (Spearman of F_N and the
-   restriction's delta-NLL over N) and ``reference_values`` (published numbers beside
-   the measured ones).
+   its shards. A model loads once for all its cells. A cell is claimed first
+   (``studies/claims.py``): one another process computes is left to it by a share,
+   waited for by a plain run.
+4. Once every cell of the study is finished (by the process that finishes the last
+   one, one at a time), the same table of every run is written side by side to
+   ``DIR/tables/NAME.parquet`` (model and corpus columns), beside the study's own
+   tables: ``regime_stability`` (taxonomy between corpora), ``geometry_loss``
+   (Spearman of F_N and the restriction's delta-NLL over N) and ``reference_values``
+   (published numbers beside the measured ones).
 5. ``DIR/study.json`` records the study, its cells and what each did;
    ``DIR/report/index.html`` is the study report, linking every run's own report.
 """
