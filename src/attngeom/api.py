@@ -171,14 +171,17 @@ def check(model: str | None = None, *, device: str = "cpu", dtype: str = "float3
 
 
 def reproduce(study: str | Path, out: str | Path | None = None, *, dry_run: bool = False,
-              overwrite: bool = False, progress=True):
+              overwrite: bool = False, progress=True, shard: str | None = None):
     """Run every cell of a study file, then its cross-corpus and cross-model steps, then
     one study report (``DIR/report/index.html``); ``dry_run`` only checks the file and
     lists the cells. ``study`` is a path or the name of a shipped study (``demo``,
-    ``paper``, ``followup``). Returns a ``studies.reproduce.StudyResult``."""
+    ``paper``, ``followup``). ``shard="K/N"`` runs share K of N of the cells (default:
+    a SLURM array's or Kubernetes Indexed Job's index); the process that finishes the
+    last cell writes the tables and report. Returns a ``studies.reproduce.StudyResult``."""
     from attngeom.studies.reproduce import reproduce as run_study
 
-    return run_study(study, out, dry_run=dry_run, overwrite=overwrite, progress=progress)
+    return run_study(study, out, dry_run=dry_run, overwrite=overwrite, progress=progress,
+                     shard=shard)
 
 
 def demo(out: str | Path = "runs/demo", *, progress=True):

@@ -132,6 +132,10 @@ def _reproduce_parser(p: argparse.ArgumentParser) -> None:
                    "nothing")
     p.add_argument("--overwrite", action="store_true",
                    help="recompute finished cells and replace different runs in --out")
+    p.add_argument("--shard", metavar="K/N", default=None,
+                   help="run share K of N of the cells (K from 1; default: a SLURM array's "
+                   "or Kubernetes Indexed Job's index, else all); the process that finishes "
+                   "the last cell writes the tables and report (docs/scale.md)")
     _add_quiet(p)
 
 
@@ -139,7 +143,8 @@ def _reproduce(args) -> None:
     from attngeom import api
 
     _print_study(api.reproduce(args.study, args.out, dry_run=args.dry_run,
-                               overwrite=args.overwrite, progress=not args.quiet))
+                               overwrite=args.overwrite, progress=not args.quiet,
+                               shard=args.shard))
 
 
 def _demo_parser(p: argparse.ArgumentParser) -> None:

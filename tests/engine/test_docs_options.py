@@ -12,7 +12,9 @@ from attngeom.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 # the launchers' own flags (torchrun, accelerate launch), not attngeom's
-LAUNCHER = {"--standalone", "--nproc-per-node", "--num_processes"}
+LAUNCHER = {"--standalone", "--nproc-per-node", "--num_processes", "--nnodes", "--rdzv-backend",
+            "--rdzv-endpoint", "--rdzv-id"}
+SLURM = {"--array", "--gres", "--cpus-per-task", "--time", "--output", "--job-name"}  # sbatch's
 OTHER_TOOLS = {"--no-deps"}  # pip's, in the install steps
 BENCHMARKS = {"--restrict-only"}  # benchmarks/bench_real.py's, in docs/scale.md
 
@@ -31,5 +33,6 @@ def _command_options() -> set[str]:
 @pytest.mark.parametrize("page", ["docs/scale.md", "README.md"])
 def test_every_option_a_page_names_exists(page):
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", (ROOT / page).read_text()))
-    missing = sorted(named - LAUNCHER - OTHER_TOOLS - BENCHMARKS - _command_options())
+    missing = sorted(named - LAUNCHER - SLURM - OTHER_TOOLS - BENCHMARKS
+                     - _command_options())
     assert not missing, f"{page} names options no command has: {missing}"

@@ -182,6 +182,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_holder(path: Path) -> dict | None:
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        return holder if isinstance(holder.get("pid"), int) else None
+    except (OSError, ValueError, AttributeError):
+        return None  # half written, or gone: treated as stale
+
+
 class RunLock:
     """``RUN/.attngeom/lock``: one run at a time writes into a directory.
 
@@ -233,11 +241,18 @@ class RunLock:
         raise RunDirError(f"cannot take the lock {self.path}; another run is starting there")
 
     def _holder(self) -> dict | None:
-        try:
-            holder = json.loads(self.path.read_text(encoding="utf-8"))
-            return holder if isinstance(holder.get("pid"), int) else None
-        except (OSError, ValueError, AttributeError):
-            return None  # half written, or gone: treated as stale
+        return _read_holder(self.path)
+
+    def drop_if_held_by(self, holder: dict) -> bool:
+        """Remove the lock when it names ``holder``'s process (pid and host): one whose
+        study lease (``Lease``) was found stale, so it is gone even on another machine,
+        where this lock alone cannot tell."""
+        mine = self._holder()
+        if mine and (mine.get("pid"), mine.get("host")) == (holder.get("pid"),
+                                                            holder.get("host")):
+            self.path.unlink(missing_ok=True)
+            return True
+        return False
 
     def release(self) -> None:
         if self._held:
@@ -251,3 +266,144 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+HEARTBEAT_S = 30.0  # how often a held lease's file is touched
+STALE_S = 300.0  # another machine's lease untouched this long is a dead process's
+
+
+class Lease:
+    """A lock file any process of a study may take: ``path`` holds who took it.
+
+    Several processes on several machines (a SLURM array, an Indexed Job's pods) share
+    a study directory; each cell and the study's final steps are one lease, so no two
+    processes compute the same cell or write the tables at once. ``take`` never
+    waits: it says whether this process now holds the lease.
+
+    A lease is free when its file is absent, names a process of this machine that has
+    exited, or names another machine's process and was not touched for ``STALE_S``
+    seconds: the holder touches it every ``HEARTBEAT_S`` from a thread, and a killed
+    job on another node stops doing so (the comparison is with this machine's clock,
+    against the file system's times: clocks off by minutes would need a larger
+    ``STALE_S``; a process stopped, not killed, for that long loses its leases).
+    A stale lease is moved aside before it is replaced and replaced only if what was
+    moved is what was judged stale, so two processes taking over one lease at once do
+    not both win.
+    """
+
+    def __init__(self, path, note: str = "") -> None:
+        self.path = Path(path)
+        self.note = note
+        self._token: str | None = None
+        self._stop = None
+        self.replaced: dict | None = None  # the stale holder this process took over from
+
+    @property
+    def held(self) -> bool:
+        return self._token is not None
+
+    def holder(self) -> dict | None:
+        """Who holds the lease (``pid``, ``host``, ``note``), or ``None``."""
+        return _read_holder(self.path)
+
+    def take(self) -> bool:
+        import os
+        import socket
+        import time
+        import uuid
+
+        if self.held:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": token,
+                         "note": self.note, "since": time.time()}).encode("utf-8")
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileNotFoundError:  # its folder was tidied away meanwhile
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                continue
+            except FileExistsError:
+                stale, seen = self._stale()
+                if not stale or not self._move_aside(seen):
+                    return False
+                continue  # the stale lease is gone: try again
+            with os.fdopen(fd, "wb") as f:
+                f.write(me)
+            self._token = token
+            self._beat()
+            return True
+        return False
+
+    def release(self) -> None:
+        """Give the lease back (its file goes only if it still names this holder)."""
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+        if self.held and (self.holder() or {}).get("token") == self._token:
+            self.path.unlink(missing_ok=True)
+        self._token = None
+
+    def _stale(self) -> tuple[bool, bytes | None]:
+        """Whether the lease's holder is gone, with the file's bytes (``None``: the file
+        went meanwhile)."""
+        import socket
+        import time
+
+        try:
+            raw, age = self.path.read_bytes(), time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return True, None  # released meanwhile
+        except OSError:
+            return False, None
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = None
+        if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+            # being written (a holder writes right after creating it), or damaged
+            return age > HEARTBEAT_S, raw
+        if holder.get("host") == socket.gethostname():
+            return not _alive(holder["pid"]), raw
+        return age > STALE_S, raw
+
+    def _move_aside(self, seen: bytes | None) -> bool:
+        """Remove the lease file if it still holds ``seen``; put back anything else."""
+        import os
+        import uuid
+
+        if seen is None:
+            return True
+        aside = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.stale")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return True
+        try:
+            if aside.read_bytes() == seen:
+                with contextlib.suppress(ValueError):
+                    self.replaced = json.loads(seen)
+                return True
+            with contextlib.suppress(FileExistsError):  # a new holder's: put it back
+                os.link(aside, self.path)
+            return False
+        finally:
+            aside.unlink(missing_ok=True)
+
+    def _beat(self) -> None:
+        import os
+        import threading
+
+        stop = threading.Event()
+        token = self._token
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                if (self.holder() or {}).get("token") != token:
+                    return  # taken over (this process was stopped too long)
+                with contextlib.suppress(OSError):
+                    os.utime(self.path)
+
+        threading.Thread(target=beat, name=f"lease {self.path.name}", daemon=True).start()
+        self._stop = stop

@@ -2,16 +2,21 @@
 one report.
 
 1. The study file is read and checked (``studies.study``); nothing has loaded yet.
+   ``--shard K/N`` (or a scheduler's array index, ``studies/shards.py``) keeps a share
+   of the cells.
 2. ``--dry-run`` stops here and lists the cells: command, windows, memory estimate.
-3. Each cell runs through the common runner (``pipeline.runner.execute``) in
+3. Each cell runs through the common runner (``engine.runner.execute``) in
    ``DIR/runs/MODEL/CORPUS/COMMAND``: a finished cell (its manifest holds the same
    configuration) is skipped without loading anything, an unfinished one resumes from
-   its shards. A model loads once for all its cells.
-4. The same table of every run is written side by side to ``DIR/tables/NAME.parquet``
-   (model and corpus columns), beside the study's own tables: ``regime_stability``
-   (taxonomy between corpora), ``geometry_loss`` (Spearman of F_N and the
-   restriction's delta-NLL over N) and ``reference_values`` (published numbers beside
-   the measured ones).
+   its shards. A model loads once for all its cells. A cell is claimed first
+   (``studies/claims.py``): one another process computes is left to it by a share,
+   waited for by a plain run.
+4. Once every cell of the study is finished (by the process that finishes the last
+   one, one at a time), the same table of every run is written side by side to
+   ``DIR/tables/NAME.parquet`` (model and corpus columns), beside the study's own
+   tables: ``regime_stability`` (taxonomy between corpora), ``geometry_loss``
+   (Spearman of F_N and the restriction's delta-NLL over N) and ``reference_values``
+   (published numbers beside the measured ones).
 5. ``DIR/study.json`` records the study, its cells and what each did;
    ``DIR/report/index.html`` is the study report, linking every run's own report.
 """
@@ -25,10 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attngeom.errors import RunDirError
+from attngeom.results.state import STATE_DIR
+from attngeom.studies import claims
+from attngeom.studies.claims import Claim
+from attngeom.studies.shards import Shard, resolve_shard
 from attngeom.studies.study import Cell, Study, find_study, load_study
 
 STUDY_FILE = "study.json"
-_OWN = {STUDY_FILE, "runs", "tables", "report"}
+_OWN = {STUDY_FILE, "runs", "tables", "report", STATE_DIR}
 
 
 @dataclass
@@ -40,15 +49,20 @@ class StudyResult:
     report: Path | None = None
     cells: list = field(default_factory=list)  # dicts: model, corpus, command, status, ...
     wall_s: float = 0.0
+    shard: Shard | None = None  # the share of the cells this process ran (None: all)
+    unfinished: int = 0  # cells of the study not finished when this process ended
+    steps: str = "written"  # the tables and report: written, elsewhere (another share's)
 
     def summary(self) -> str:
         """What the CLI prints: the plan of a dry run, else the main numbers and where
         the results and the report are."""
         if self.out_dir is None:
-            return format_plan(self.study, self.plan)
+            return format_plan(self.study, self.plan, self.shard)
         from attngeom.report.study import study_findings
 
         skipped = sum(c["status"] == "skipped" for c in self.cells)
+        if self.unfinished or self.steps != "written":
+            return self._share_summary()
         lines = [f"study {self.study.name}: {len(self.cells)} runs in {self.wall_s:.0f} s "
                  f"({skipped} finished before)"]
         from attngeom.report.text import format_protocol
@@ -58,6 +72,23 @@ class StudyResult:
         lines += [f"results: {self.out_dir}", f"tables: {self.out_dir / 'tables'}"]
         if self.report is not None:
             lines.append(f"report: {self.report}")
+        return "\n".join(lines)
+
+    def _share_summary(self) -> str:
+        """A share that did not write the study's tables: what it did, who writes them."""
+        count = {s: sum(c["status"] == s for c in self.cells)
+                 for s in ("run", "resumed", "skipped", "elsewhere")}
+        lines = [f"study {self.study.name}, share {self.shard}: {len(self.cells)} cells in "
+                 f"{self.wall_s:.0f} s ({count['run'] + count['resumed']} computed, "
+                 f"{count['skipped']} finished before, {count['elsewhere']} left to another "
+                 "process)", f"results: {self.out_dir}"]
+        if self.unfinished:
+            lines.append(f"{self.unfinished} of {len(self.study.cells)} cells are not "
+                         "finished: the process that finishes the last one writes the "
+                         "tables and the report (or run reproduce again without --shard)")
+        else:
+            lines.append(f"tables and report: written by another process, in "
+                         f"{self.out_dir / 'tables'} and {self.out_dir / 'report'}")
         return "\n".join(lines)
 
 
@@ -91,12 +122,13 @@ def cell_memory_gb(study: Study, cell: Cell) -> float:
         quantization=cell.config.quantization)
 
 
-def plan(study: Study):
-    """One row per cell: what runs where, on how many windows, with how much memory."""
+def plan(study: Study, cells=None):
+    """One row per cell (of ``cells``, default all): what runs where, on how many
+    windows, with how much memory."""
     import pandas as pd
 
     rows = []
-    for cell in study.cells:
+    for cell in study.cells if cells is None else cells:
         m = study.models[cell.model]
         rows.append({
             "model": cell.model, "corpus": cell.corpus, "command": cell.command,
@@ -112,10 +144,13 @@ def plan(study: Study):
     return pd.DataFrame(rows)
 
 
-def format_plan(study: Study, table) -> str:
+def format_plan(study: Study, table, shard: Shard | None = None) -> str:
     lines = [f"study {study.name}: {len(study.cells)} cells "
              f"({len(study.models)} models x {len(study.corpora)} corpora), analyses "
              f"{', '.join(study.analyses)}"]
+    if shard is not None:
+        start, stop = shard.bounds(len(study.cells))
+        lines.append(f"share {shard} (from {shard.source}): cells {start + 1} to {stop}")
     shown = table.drop(columns=["source", "directory"])
     lines.append(shown.to_string(index=False))
     missing = [m for m in study.models.values() if not m.available]
@@ -127,28 +162,29 @@ def format_plan(study: Study, table) -> str:
                         else ""))
     steps = [s for s in ("cross_corpus", "geometry_vs_loss") if s in study.analyses]
     if steps:
-        lines.append(f"then: {', '.join(steps)}, the combined tables and the study report")
+        lines.append(f"then: {', '.join(steps)}, the combined tables and the study report"
+                     + (" (by the process that finishes the last cell)" if shard else ""))
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- run
 
 
-def _finished(directory: Path, cell: Cell) -> bool:
-    from attngeom.results.io import holds_run
-    from attngeom.results.manifest import config_fingerprint
-
-    return holds_run(directory, cell.command, config_fingerprint(cell.config.fingerprint_dict()))
+POLL_S = 5.0  # how often a process waiting for another's cell or steps looks again
 
 
 def _check_out(out: Path, study: Study, overwrite: bool) -> None:
     from attngeom.engine.runner import check_writable
+    from attngeom.results.files import TEMP_RE
+    from attngeom.results.io import WRITE_PROBE_PREFIX
 
     if out.exists() and not out.is_dir():
         raise RunDirError(f"expected a study directory, got {out} (a file)")
     if out.is_dir():
         entries = {p.name for p in out.iterdir()}
-        foreign = sorted(entries - _OWN)
+        # another share's write probe or half-written study.json is no stranger's file
+        foreign = sorted(e for e in entries - _OWN if not e.startswith(WRITE_PROBE_PREFIX)
+                         and not ((m := TEMP_RE.match(e)) and m.group("target") in _OWN))
         if foreign:
             raise RunDirError(f"{out} holds files a study did not write ({', '.join(foreign[:5])})"
                               "; choose an empty or new directory")
@@ -165,38 +201,37 @@ def _check_out(out: Path, study: Study, overwrite: bool) -> None:
 
 
 def reproduce(study_file, out=None, *, dry_run: bool = False, overwrite: bool = False,
-              progress: bool = True, reports: bool = True) -> StudyResult:
-    """Run (or with ``dry_run`` only plan) the study in ``study_file`` into ``out``."""
+              progress: bool = True, reports: bool = True,
+              shard: str | Shard | None = None) -> StudyResult:
+    """Run (or with ``dry_run`` only plan) the study in ``study_file`` into ``out``.
+
+    ``shard="K/N"`` runs share K of N of the cells (``studies/shards.py``; without it a
+    SLURM array's or a Kubernetes Indexed Job's index is read); the study's tables and
+    report are written by the process that finds every cell finished. Without a share
+    the whole study runs, and cells another process is computing are waited for."""
+    from attngeom.engine.runner import Distributed
+
     study = study_file if isinstance(study_file, Study) else load_study(find_study(
         str(study_file)))
-    table = plan(study)
+    part = resolve_shard(shard, len(study.cells))
+    cells = list(study.cells) if part is None else part.select(study.cells)
+    table = plan(study, cells)
     if dry_run:
-        return StudyResult(study=study, out_dir=None, plan=table)
+        return StudyResult(study=study, out_dir=None, plan=table, shard=part)
     if out is None:
         raise RunDirError("reproduce needs an output directory (--out)")
     out = Path(out)
     _check_out(out, study, overwrite)
     t0 = time.perf_counter()
-    _check_documents(study, out, overwrite=overwrite, progress=progress)
-    done = _run_cells(study, out, overwrite=overwrite, progress=progress)
-    tables = _study_tables(study, out, done)
-    run_reports = {}
-    if reports:
-        from attngeom.report import build_report
-
-        for rec in done:
-            directory = out / rec["directory"]
-            index = directory / "report" / "index.html"
-            if rec["status"] != "skipped" or not index.is_file():
-                build_report(directory)
-            run_reports[rec["directory"]] = str(index.relative_to(out))
-    result = StudyResult(study=study, out_dir=out, plan=table, tables=tables, cells=done,
-                         wall_s=time.perf_counter() - t0)
-    _write_study_json(out, study, done, tables, result.wall_s, run_reports)
-    if reports:
-        from attngeom.report.study import build_study_report
-
-        result.report = build_study_report(out)
+    _check_documents(cells, out, overwrite=overwrite, progress=progress)
+    dist = Distributed.from_env(cells[0].config.device)
+    note = "reproduce" + (f" --shard {part}" if part else "")
+    mine = _run_cells(study, cells, out, dist, wait=part is None, note=note,
+                      overwrite=overwrite, progress=progress, reports=reports)
+    result = StudyResult(study=study, out_dir=out, plan=table, cells=mine, shard=part)
+    if dist.is_main:
+        _finish(result, out, mine, note=note, reports=reports, progress=progress, t0=t0)
+    result.wall_s = time.perf_counter() - t0
     return result
 
 
@@ -207,7 +242,7 @@ def _say(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool) -> None:
+def _check_documents(cells, out: Path, *, overwrite: bool, progress: bool) -> None:
     """Every cell that will run and asks a number of documents (the fixed protocol, the
     context sweep) is checked against its corpus before the first model loads: a study
     fails in one line at once, not hours in, after the models before it ran. One
@@ -216,12 +251,12 @@ def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool
     from attngeom.corpora.documents import check_documents
 
     tokenizers: dict = {}
-    for cell in study.cells:
+    for cell in cells:
         cfg = cell.config
         if getattr(cfg, "document_protocol", "stream") != "fixed" \
                 and getattr(cfg, "probe", None) != "context":
             continue
-        if not overwrite and _finished(out / cell.directory, cell):
+        if not overwrite and claims.finished(out, cell):
             continue
         if cfg.model not in tokenizers:
             _say(progress, f"checking the documents of {cell.name} ...")
@@ -229,38 +264,107 @@ def _check_documents(study: Study, out: Path, *, overwrite: bool, progress: bool
         check_documents(cfg, tokenizers[cfg.model])
 
 
-def _run_cells(study: Study, out: Path, *, overwrite: bool, progress: bool) -> list[dict]:
-    from attngeom.engine.runner import Distributed, execute, work_of
-    from attngeom.results.state import run_states
+class _Models:
+    """The loaded model, kept for the next cells of the same model and options."""
 
-    done = []
-    loaded_key, loaded = None, None
-    for i, cell in enumerate(study.cells, start=1):
-        directory = out / cell.directory
-        rec = {"model": cell.model, "corpus": cell.corpus, "command": cell.command,
-               "directory": cell.directory.as_posix()}
-        head = f"[{i}/{len(study.cells)}] {cell.name}"
-        if not overwrite and _finished(directory, cell):
-            _say(progress, f"{head}: finished before, skipped")
-            rec.update(status="skipped", wall_s=0.0)
-            done.append(rec)
-            continue
+    def __init__(self, dist) -> None:
+        self.dist, self.key, self.loaded = dist, None, None
+
+    def get(self, cell: Cell, progress: bool, head: str):
         cfg = cell.config
         key = (cfg.model, cfg.dtype, cfg.device, cfg.device_map, cfg.quantization)
-        if key != loaded_key:
-            loaded = None  # free the previous model before the next one loads
+        if key != self.key:
+            self.loaded = None  # free the previous model before the next one loads
             _say(progress, f"{head}: loading model {cell.model} ({cfg.dtype}, "
                            f"{cfg.device}) ...")
-            loaded = _load(cfg, Distributed.from_env(cfg.device))
-            loaded_key = key
+            self.loaded = _load(cfg, self.dist)
+            self.key = key
+        return self.loaded
+
+
+def _run_cells(study: Study, cells: list[Cell], out: Path, dist, *, wait: bool, note: str,
+               overwrite: bool, progress: bool, reports: bool) -> list[dict]:
+    """Compute the cells this process claims (``studies/claims.py``), in study order; a
+    cell another process holds is waited for when ``wait`` (a plain run), else left to
+    it (status ``elsewhere``). Returns one record per cell of ``cells``."""
+    models = _Models(dist)
+    number = {id(c): i for i, c in enumerate(study.cells, start=1)}
+    recs: dict[int, dict] = {}
+    busy = []
+    talk = progress and dist.is_main
+    for cell in cells:
+        head = f"[{number[id(cell)]}/{len(study.cells)}] {cell.name}"
+        lease = claims.cell_lease(out, cell, note)
+        got = _claim(out, cell, lease, dist, overwrite=overwrite)
+        if got is Claim.BUSY:
+            _say(talk, f"{head}: another process computes it"
+                       + ("" if wait else ", left to it"))
+            busy.append(cell)
+            continue
+        recs[id(cell)] = _compute(cell, out, lease, got, models, dist, head=head,
+                                  overwrite=overwrite, progress=progress, reports=reports)
+    while wait and busy:  # a plain run ends with every cell finished
+        time.sleep(POLL_S)
+        still = []
+        for cell in busy:
+            lease = claims.cell_lease(out, cell, note)
+            got = _claim(out, cell, lease, dist, overwrite=False)  # its result is fresh
+            if got is Claim.BUSY:
+                still.append(cell)
+                continue
+            head = f"[{number[id(cell)]}/{len(study.cells)}] {cell.name}"
+            recs[id(cell)] = _compute(cell, out, lease, got, models, dist, head=head,
+                                      overwrite=overwrite, progress=progress,
+                                      reports=reports, waited=True)
+        busy = still
+    return [recs.get(id(c)) or _rec(c, status="elsewhere") for c in cells]
+
+
+def _claim(out: Path, cell: Cell, lease, dist, *, overwrite: bool) -> Claim:
+    value = claims.claim(out, cell, lease, overwrite=overwrite) if dist.is_main else 0
+    return Claim(claims.agree(dist, int(value), cell.config.device))
+
+
+def _rec(cell: Cell, **kw) -> dict:
+    return {"model": cell.model, "corpus": cell.corpus, "command": cell.command,
+            "directory": cell.directory.as_posix(), **kw}
+
+
+def _compute(cell: Cell, out: Path, lease, got: Claim, models: _Models, dist, *, head: str,
+             overwrite: bool, progress: bool, reports: bool, waited: bool = False) -> dict:
+    """Run a claimed cell (its lease held by rank 0) and record it; a finished one is
+    ``skipped``, or what its process recorded when this process waited for it."""
+    from attngeom.engine.runner import execute, work_of
+    from attngeom.results.state import run_states
+
+    talk = progress and dist.is_main
+    directory = out / cell.directory
+    if got is Claim.FINISHED:
+        if waited:
+            _say(talk, f"{head}: finished by another process")
+            other = claims.read_record(out, cell) if dist.is_main else None
+            return _rec(cell, status=(other or {}).get("status", "skipped"),
+                        wall_s=(other or {}).get("wall_s", 0.0))
+        _say(talk, f"{head}: finished before, skipped")
+        return _rec(cell, status="skipped", wall_s=0.0)
+    try:
+        loaded = models.get(cell, talk, head)
         resumed = bool(run_states(directory))  # shards of an unfinished run are there
-        _say(progress, f"{head}: {'resuming' if resumed else 'running'}")
+        _say(talk, f"{head}: {'resuming' if resumed else 'running'}")
         t = time.perf_counter()
-        execute(work_of(cell.command), cfg, directory, overwrite=overwrite,
+        execute(work_of(cell.command), cell.config, directory, overwrite=overwrite,
                 progress=progress, model_and_tokenizer=loaded)
-        rec.update(status="resumed" if resumed else "run", wall_s=time.perf_counter() - t)
-        done.append(rec)
-    return done
+        rec = _rec(cell, status="resumed" if resumed else "run",
+                   wall_s=time.perf_counter() - t)
+        if dist.is_main:
+            claims.write_record(out, cell, rec)
+            if reports:
+                from attngeom.report import build_report
+
+                build_report(directory)
+        return rec
+    finally:
+        lease.release()
 
 
 def _load(cfg, dist):
@@ -268,6 +372,65 @@ def _load(cfg, dist):
 
     return load_model(cfg.model, device=dist.device(cfg.device), dtype=cfg.dtype,
                       device_map=cfg.device_map, quantization=cfg.quantization)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _finish(result: StudyResult, out: Path, mine: list[dict], *, note: str, reports: bool,
+            progress: bool, t0: float) -> None:
+    """The cross-run steps, the study report and ``study.json``, by one process at a
+    time (the steps' lease) and only once every cell is finished. A share finding them
+    already written for the current runs (another share finished last at the same
+    time) leaves them; a plain run always writes them."""
+    study = result.study
+    lease = claims.steps_lease(out, note)
+    while not lease.take():
+        _say(progress, "waiting for another process writing the study's tables ...")
+        time.sleep(POLL_S)
+    try:
+        done = _all_cells(study, out, mine)
+        result.unfinished = sum(rec is None for rec in done)
+        if result.unfinished:
+            return
+        if result.shard is not None and claims.steps_current(out, study):
+            result.steps = "elsewhere"
+            return
+        result.cells = done
+        result.tables = _study_tables(study, out, done)
+        run_reports = {}
+        if reports:
+            from attngeom.report import build_report
+
+            for rec in done:
+                index = out / rec["directory"] / "report" / "index.html"
+                if not index.is_file():
+                    build_report(out / rec["directory"])
+                run_reports[rec["directory"]] = str(index.relative_to(out))
+        _write_study_json(out, study, done, result.tables, time.perf_counter() - t0,
+                          run_reports)
+        if reports:
+            from attngeom.report.study import build_study_report
+
+            result.report = build_study_report(out)
+        result.steps = "written"
+        claims.steps_written(out, study)
+    finally:
+        lease.release()
+
+
+def _all_cells(study: Study, out: Path, mine: list[dict]) -> list[dict | None]:
+    """Every cell's record in study order: this process's own, else what the process
+    that ran it recorded, else ``skipped`` (finished before); ``None``: not finished."""
+    own = {rec["directory"]: rec for rec in mine if rec["status"] != "elsewhere"}
+    done = []
+    for cell in study.cells:
+        rec = own.get(cell.directory.as_posix())
+        if rec is None and claims.finished(out, cell):
+            other = claims.read_record(out, cell) or {"status": "skipped", "wall_s": 0.0}
+            rec = _rec(cell, status=other["status"], wall_s=other["wall_s"])
+        done.append(rec)
+    return done
 
 
 # --------------------------------------------------------------------------- tables
