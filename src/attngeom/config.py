@@ -319,8 +319,8 @@ class AnalysisConfig(RunConfig):
 
     n_windows: int | None = option(32, check=Integer(1, zero_none=True),
                                    help="windows to analyse (0 or none: every window)")
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(below_window=True),
-                                     help="set sizes N (each below the window length)")
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(within_window=True),
+                                     help="set sizes N (at most the window length)")
     query_mode: str = option("final", check=_QueryMode(),
                              help="analysed queries: final (the last content token), all, or "
                              "stride:k")
@@ -331,8 +331,9 @@ class AnalysisConfig(RunConfig):
     variants: tuple[str, ...] = option(VARIANTS, check=SubsetOf(VARIANTS),
                                        help="universes: full, and no_sink (the sink dropped "
                                        "from the universe)")
-    analyses: tuple[str, ...] = option(ANALYSES.names(), check=_Analyses(),
-                                       help="analyses to run")
+    analyses: tuple[str, ...] = option(
+        tuple(a for a in ANALYSES if (ANALYSES.meta(a) or {}).get("default", True)),
+        check=_Analyses(), help=f"analyses to run (of {', '.join(ANALYSES)})")
     repeats: int | None = option(None, check=Integer(1, none=True),
                                  help="random-control repeats (default: 16 for final queries, "
                                  "2 otherwise)")
@@ -359,6 +360,12 @@ class AnalysisConfig(RunConfig):
     sink_min_windows: int = option(3, check=Integer(1),
                                    help="a sink token must also occur in at least this many "
                                    "windows")
+    head_stride: int = option(8, check=Integer(1), metavar="K",
+                              help="head_scores: rows every K positions back from the final "
+                              "one")
+    streaming_window: int = option(64, check=Integer(1),
+                                   help="head_scores: W of the streaming proxy (the head sees "
+                                   "the sink and the W most recent tokens)")
 
     @property
     def effective_repeats(self) -> int:
@@ -625,7 +632,7 @@ class AtlasConfig(RunConfig):
     n_windows: int = option(8, check=Integer(1), help="corpus windows (scores and taxonomy)")
     query_mode: str = option("final", check=_QueryMode(),
                              help="queries of the taxonomy: final, all or stride:k")
-    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(below_window=True),
+    n_grid: tuple[int, ...] = option((1, 2, 4, 8, 16, 32), check=Sizes(within_window=True),
                                      help="set sizes N of the F_N of each head type")
     bootstrap: int = option(200, check=Integer(0),
                             help="window-bootstrap replicates of the taxonomy's stability "

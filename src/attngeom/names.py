@@ -47,7 +47,7 @@ STABLE = 0.8  # a label kept in fewer window-bootstrap resamples reads as uncert
 ANALYSES: Registry = Registry(
     "analysis", option="analyses",
     builtins=("metrics", "sink", "taxonomy", ("bounds", {"needs": ("metrics",)}),
-              "assumptions"),
+              "assumptions", ("head_scores", {"default": False})),
     module="attngeom.engine.analyses")
 # the names study files used before the analyses had one name everywhere; still accepted
 # (by study files and ``--analyses``) and read as the name on the right

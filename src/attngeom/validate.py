@@ -346,21 +346,22 @@ class Flags(Check):
 
 
 class Sizes(Check):
-    """Set sizes N (integers >= 1, sorted, duplicates dropped). ``below_window``: every N
-    must be below the window length (N < |U| for some query; N >= T defines nothing)."""
+    """Set sizes N (integers >= 1, sorted, duplicates dropped). ``within_window``: no N
+    above the window length (a query sees at most T keys; N = T itself is kept, reported
+    as never valid and counted as skipped, so a default grid fits any window)."""
 
-    def __init__(self, *, below_window: bool = False) -> None:
-        self.below_window = below_window
+    def __init__(self, *, within_window: bool = False) -> None:
+        self.within_window = within_window
 
     def clean(self, name, value):
         return n_grid(value, name)
 
     def against(self, name, value, shape, config) -> None:
-        if self.below_window and value and max(value) >= config.window_length:
-            bad = [n for n in value if n >= config.window_length]
-            raise ConfigError(f"{name}: expected every N below the window length "
-                              f"{config.window_length} (N < T: a query sees at most T keys), "
-                              f"got {bad[0]}")
+        if self.within_window and value and max(value) > config.window_length:
+            bad = [n for n in value if n > config.window_length]
+            raise ConfigError(f"{name}: expected every N at most the window length "
+                              f"{config.window_length} (a query sees at most T keys; valid: "
+                              f"1..{config.window_length}), got {bad[0]}")
 
 
 class Lengths(Check):

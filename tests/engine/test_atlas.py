@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
+from attngeom import api
 from attngeom.errors import ConfigError
 from attngeom.names import HEAD_TYPES
-from attngeom.probes.atlas import CUE, corpus_scores, head_atlas, make_needles, side_by_side
+from attngeom.probes.atlas import CUE, make_needles, side_by_side
 from attngeom.results.schemas import SCHEMAS
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
 
@@ -31,19 +32,19 @@ def windows(stories):
     return make_windows(docs, stories[1], 96, n_windows=3)
 
 
+ATLAS = dict(n_windows=3, window_length=96, seed=1, query_stride=4, streaming_window=16,
+             n_repeats=2, repeat_length=16, n_needles=2, needle_length=3,
+             needle_contexts=(96, 48), bootstrap=20, model_label="stories260K",
+             corpus_label="tinystories", progress=False)
+
+
 @pytest.fixture(scope="module")
-def atlas(stories, windows):
+def atlas(stories):
     model, tok = stories
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    gen = np.random.default_rng(0)
-    taxonomy = pd.DataFrame([(layer, h, ("Retriever", "Mixer", "Reset")[gen.integers(3)])
-                             for layer in range(layers) for h in range(heads)],
-                            columns=["layer", "head", "regime"])
-    out = head_atlas(model, tok, windows, taxonomy=taxonomy, seed=1, query_stride=4,
-                     streaming_window=16, n_repeats=2, repeat_length=16, n_needles=2,
-                     needle_length=3, context_lengths=(96, 48), model_label="stories260K",
-                     corpus_label="tinystories")
-    return out, taxonomy, (layers, heads)
+    res = api.atlas(str(STORIES_PATH), str(TINYSTORIES_PATH), None,
+                    model_and_tokenizer=(model, tok), **ATLAS)
+    return res.tables, res.tables["taxonomy"], (layers, heads)
 
 
 def test_stories_atlas_has_every_score_of_every_head(atlas) -> None:
@@ -89,27 +90,25 @@ def test_atlas_side_by_side_tables_add_up(atlas) -> None:
     assert set(out["atlas_kappa"]["head_type"]) == set(HEAD_TYPES)
 
 
-def test_rerun_with_the_same_seed_gives_the_same_table(stories, windows, atlas) -> None:
-    """Only the seeded prompts differ between seeds; the same seed repeats every number."""
+def test_rerun_with_the_same_seed_gives_the_same_table(stories, atlas) -> None:
+    """Only the seeded prompts differ between seeds; the same seed repeats every number;
+    the corpus scores are those an analyze run with the head_scores analysis computes
+    (they ride its forward)."""
     model, tok = stories
-    again = head_atlas(model, tok, windows, seed=1, query_stride=4, streaming_window=16,
-                       n_repeats=2, repeat_length=16, n_needles=2, needle_length=3,
-                       context_lengths=(96, 48), model_label="stories260K",
-                       corpus_label="tinystories")
+    again = api.atlas(str(STORIES_PATH), str(TINYSTORIES_PATH), None,
+                      model_and_tokenizer=(model, tok), **ATLAS)
     pd.testing.assert_frame_equal(again["head_scores"], atlas[0]["head_scores"])
-    assert "atlas_contingency" not in again and "atlas_depth" in again
-    # corpus scores accumulated elsewhere (an analysis' pass) are used as given
-    win = torch.stack([w.input_ids for w in windows])
-    acc = corpus_scores(model, win, query_stride=4, streaming_window=16)
-    given = head_atlas(model, tok, windows, seed=1, corpus=acc, n_repeats=2,
-                       repeat_length=16, n_needles=2, needle_length=3,
-                       context_lengths=(96, 48), model_label="stories260K",
-                       corpus_label="tinystories")["head_scores"]
-    mine = given["inputs"].str.contains("the analysis' rows")
-    assert set(given.loc[mine, "score"]) == {"previous_token", "duplicate_token", "sink",
-                                             "streaming"}
-    pd.testing.assert_frame_equal(given.drop(columns="inputs"),
-                                  atlas[0]["head_scores"].drop(columns="inputs"))
+    analysed = api.analyze(str(STORIES_PATH), str(TINYSTORIES_PATH), None,
+                           model_and_tokenizer=(model, tok), n_windows=3, window_length=96,
+                           analyses=("head_scores",), head_stride=4, streaming_window=16,
+                           seed=1, model_label="stories260K", corpus_label="tinystories",
+                           progress=False)["head_scores"]
+    mine = atlas[0]["head_scores"]
+    mine = mine[mine["score"].isin(analysed["score"].unique())].reset_index(drop=True)
+    assert set(analysed["score"]) == {"previous_token", "duplicate_token", "sink", "streaming"}
+    pd.testing.assert_frame_equal(
+        analysed.sort_values(["score", "layer", "head"]).reset_index(drop=True),
+        mine.sort_values(["score", "layer", "head"]).reset_index(drop=True)[analysed.columns])
 
 
 def test_needles_are_seeded_and_placed(stories, windows) -> None:
@@ -143,12 +142,14 @@ def test_bad_input_is_one_line(stories, windows) -> None:
         make_needles(tok, win, 512, n_needles=1, needle_length=3, context_lengths=(20,),
                      seed=0)
     too_long = model.config.max_position_embeddings + 1
-    with pytest.raises(ConfigError, match=r"more than the model's \d+ positions"):
-        head_atlas(model, tok, [torch.ones(too_long, dtype=torch.int64)])
-    with pytest.raises(ConfigError, match="one length"):
-        head_atlas(model, tok, [torch.ones(8, dtype=torch.int64), torch.ones(9, dtype=torch.int64)])
-    with pytest.raises(ConfigError, match="at least one window"):
-        head_atlas(model, tok, [])
+    with pytest.raises(ConfigError, match=r"window_length: expected at most .*512 positions "
+                                          r"\(valid: 2\.\.512\), got 513"):
+        api.atlas(str(STORIES_PATH), str(TINYSTORIES_PATH), None, window_length=too_long,
+                  progress=False)
+    with pytest.raises(ConfigError, match=r"repeat_length: expected a repeated prompt .* "
+                                          r"\(valid: 1\.\.255\), got 300"):
+        api.atlas(str(STORIES_PATH), str(TINYSTORIES_PATH), None, repeat_length=300,
+                  progress=False)
 
 
 def _scores(types: dict[tuple[int, int], set[str]]) -> pd.DataFrame:

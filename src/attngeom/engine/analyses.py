@@ -38,6 +38,12 @@ class Analysis:
     make: Callable[..., Accumulator]
     finish: Callable[..., None] | None = None
     internal: tuple[str, ...] = ()  # tables computed for other analyses, never written
+    # the query rows it reads, as a query mode of the configuration (default: the run's
+    # ``query_mode``); the stream captures the union of every analysis' rows once
+    rows: Callable[..., str] | None = None
+
+    def query_mode(self, config) -> str:
+        return self.rows(config) if self.rows is not None else config.query_mode
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -116,6 +122,24 @@ register(Analysis("bounds", _make_bounds, finish=_finish_bounds))
 register(Analysis("assumptions", _make_assumptions))
 
 
+def _make_head_scores(config, context):
+    from attngeom.core.head_scores import HeadScoreAccumulator
+
+    return HeadScoreAccumulator(config.streaming_window)
+
+
+def _finish_head_scores(frames, config, context) -> None:
+    frames["head_scores"] = tb.head_score_table(
+        frames["head_scores"], inputs=f"corpus rows every {config.head_stride} (the final "
+        f"one included), streaming W = {config.streaming_window}", seed=config.seed)
+
+
+# the corpus head types (previous-token, duplicate-token, sink, streaming) ride the
+# analysis' own forward, at rows every ``head_stride`` positions back from the final one
+register(Analysis("head_scores", _make_head_scores, finish=_finish_head_scores,
+                  rows=lambda config: f"stride:{config.head_stride}"))
+
+
 # --------------------------------------------------------------------------- one run's set
 
 
@@ -133,10 +157,19 @@ class AnalysisSet:
         names = [n for n in ANALYSES if n in config.analyses]
         return cls(config, context, {n: ANALYSES[n].make(config, context) for n in names})
 
-    def update_many(self, batches: list[AttentionBatch]) -> None:
-        """The windows of one forward batch at one layer, to every accumulator."""
-        for acc in self.items.values():
-            acc.update_many(batches)
+    def query_modes(self) -> dict[str, list[str]]:
+        """Query mode -> the analyses that read its rows (most runs: one mode)."""
+        out: dict[str, list[str]] = {}
+        for name in self.items:
+            out.setdefault(ANALYSES[name].query_mode(self.config), []).append(name)
+        return out
+
+    def update_many(self, batches: list[AttentionBatch], mode: str | None = None) -> None:
+        """The windows of one forward batch at one layer, to every accumulator (those that
+        read ``mode``'s rows when it is given)."""
+        for name, acc in self.items.items():
+            if mode is None or ANALYSES[name].query_mode(self.config) == mode:
+                acc.update_many(batches)
 
     def merge(self, other: AnalysisSet) -> AnalysisSet:
         return self.merge_items(other.items)

@@ -79,10 +79,12 @@ class StreamStats:
         self.layers_seen |= other.layers_seen
 
 
-def window_rows(config, windows: Sequence, causal: bool) -> list[torch.Tensor]:
-    """The analysed query positions of each window: content positions only (method §4)."""
+def window_rows(config, windows: Sequence, causal: bool, mode: str | None = None
+                ) -> list[torch.Tensor]:
+    """The analysed query positions of each window under ``mode`` (default the run's
+    ``query_mode``): content positions only (method §4)."""
     num_tokens = int(windows[0].input_ids.shape[-1])
-    return [query_positions(config.query_mode, num_tokens, causal=causal,
+    return [query_positions(mode or config.query_mode, num_tokens, causal=causal,
                             special=getattr(w, "special", None)) for w in windows]
 
 
@@ -99,7 +101,10 @@ def stream_windows(
     """Run every window through the model once and feed each layer to the accumulators.
 
     Each window analyses its own content positions; a forward batch captures the union
-    of its windows' rows and hands each window only its own. Value statistics live for
+    of its windows' rows and hands each window only its own. Analyses that read other
+    rows (``AnalysisSet.query_modes``: the head scores' strided rows beside the final
+    query) ride the same forward: the union covers every mode, and each analysis gets the
+    batches of its own mode's rows. Value statistics live for
     one layer's attention call at a time: they are dropped with its last query chunk, so
     neither they nor anything of size T x T sits through the layer's MLP (method §11).
     ``accumulators`` has ``update_many`` (an ``AnalysisSet``); ``progress(n)`` is called
@@ -112,7 +117,9 @@ def stream_windows(
     device = input_device(model)
     stats = StreamStats()
     current: list = []
-    own_rows: list[torch.Tensor] = []
+    modes = (accumulators.query_modes() if hasattr(accumulators, "query_modes")
+             else {config.query_mode: None})
+    own_rows: dict[str, list[torch.Tensor]] = {}  # mode -> each window's rows
     cache: dict[str, object] = {}
     last_row = [-1]  # the batch's last analysed position: its chunk ends a layer
 
@@ -121,32 +128,39 @@ def stream_windows(
         key = (cap.layer, id(cap.values))
         if cache.get("key") != key:  # a new layer: the previous layer's stats are dropped
             cache["key"] = key
-            cache["stats"] = [ValueStats(cap.values[b].float(), queries=len(own_rows[b]))
-                              for b in range(cap.values.shape[0])]
-        per_window = cache["stats"]
+            # one ValueStats per mode: its row count picks the metrics' path (direct or
+            # Gram), which must be the same as in a run of that mode alone
+            cache["stats"] = {mode: [ValueStats(cap.values[b].float(), queries=len(rows[b]))
+                                     for b in range(cap.values.shape[0])]
+                              for mode, rows in own_rows.items()}
         chunk = cap.query_rows
-        batches = []
-        for b, win in enumerate(current):
-            rows = chunk
-            alpha, visible = cap.alpha[b], cap.visible[b]
-            mine = own_rows[b]
-            if not torch.equal(mine, chunk):
-                keep = torch.isin(chunk, mine)
-                if not bool(keep.any()):
-                    continue
-                idx = torch.nonzero(keep).flatten()
-                rows = chunk[idx]
-                idx = idx.to(alpha.device)
-                alpha = alpha.index_select(1, idx)
-                if visible.shape[1] != 1:
-                    visible = visible.index_select(1, idx)
-            batches.append(AttentionBatch(
-                window=int(win.index), layer=int(cap.layer), alpha=alpha.float(),
-                visible=visible, query_positions=rows.to(alpha.device), stats=per_window[b],
-                tokens=win.input_ids,
-            ))
-        if batches:
-            accumulators.update_many(batches)
+        for mode, rows_of in own_rows.items():
+            per_window = cache["stats"][mode]
+            batches = []
+            for b, win in enumerate(current):
+                rows = chunk
+                alpha, visible = cap.alpha[b], cap.visible[b]
+                mine = rows_of[b]
+                if not torch.equal(mine, chunk):
+                    keep = torch.isin(chunk, mine)
+                    if not bool(keep.any()):
+                        continue
+                    idx = torch.nonzero(keep).flatten()
+                    rows = chunk[idx]
+                    idx = idx.to(alpha.device)
+                    alpha = alpha.index_select(1, idx)
+                    if visible.shape[1] != 1:
+                        visible = visible.index_select(1, idx)
+                batches.append(AttentionBatch(
+                    window=int(win.index), layer=int(cap.layer), alpha=alpha.float(),
+                    visible=visible, query_positions=rows.to(alpha.device),
+                    stats=per_window[b], tokens=win.input_ids,
+                ))
+            if batches:
+                if len(own_rows) == 1:
+                    accumulators.update_many(batches)
+                else:
+                    accumulators.update_many(batches, mode)
         if int(chunk[-1]) == last_row[0]:  # the layer's last chunk: its stats go now, not
             cache.clear()  # at the next layer (they would sit through this layer's MLP)
 
@@ -162,8 +176,10 @@ def stream_windows(
             temporaries(kernel_budget(config, layout, num_tokens)):
         for i in range(0, len(windows), config.batch_size):
             current[:] = windows[i : i + config.batch_size]
-            own_rows[:] = window_rows(config, current, layout.is_causal)
-            union = torch.unique(torch.cat(own_rows))
+            own_rows.clear()
+            for mode in modes:
+                own_rows[mode] = window_rows(config, current, layout.is_causal, mode)
+            union = torch.unique(torch.cat([r for rows in own_rows.values() for r in rows]))
             last_row[:] = [int(union[-1])] if union.numel() else [-1]
             if union.numel() == 0:
                 stats.windows += len(current)

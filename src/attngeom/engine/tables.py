@@ -150,3 +150,19 @@ def headline(summary, *, rules: Sequence[str] = RULES.names()):
     return sel[["rule", "n", "mean", "ci_low", "ci_high", "n_windows", "trivial"]].sort_values(
         ["n", "rule"]
     )
+
+
+def head_score_table(scores, *, inputs: str, seed: int):
+    """Table ``head_scores`` from the accumulator's columns: each head type's threshold
+    and the binary label (>= the threshold, <= for the types that say ``below``; NaN, a
+    score with no counted row, is no label), what the score was measured on, the seed."""
+    from attngeom.core.head_scores import below, threshold
+
+    df = scores.copy()
+    df["threshold"] = df["score"].map(threshold)
+    low = df["score"].map(below).astype(bool)
+    df["is_type"] = (((low & (df["value"] <= df["threshold"]))
+                      | (~low & (df["value"] >= df["threshold"]))) & df["value"].notna())
+    df["inputs"] = inputs
+    df["seed"] = int(seed)
+    return df

@@ -1,29 +1,30 @@
 """The head atlas: the field's head types scored on a model, beside the regimes (issue 32).
 
-``head_atlas`` runs the kernels of ``core/head_scores.py`` through the capture path
-(``capture_attention``: probabilities only at the rows a score needs, never a full
-eager attention matrix kept) over three kinds of input:
+The scores come from three kinds of input (``docs/method.md``, "Head types"):
 
-- **corpus windows**, rows every ``query_stride`` positions (the final one included):
-  previous-token, duplicate-token, sink-head and streaming scores (or, given
-  ``corpus``, the same scores accumulated on an analysis' own pass, which saves the
-  forward);
-- **repeated random tokens**, ``n_repeats`` prompts of the window-start token then a
-  random block R of ``repeat_length`` tokens twice (seeded; special tokens never
-  drawn), rows on the second copy: induction and echo scores;
-- **needles in a haystack** (Wu et al. 2024), ``n_needles`` trials: a haystack cut from
-  the corpus windows, a needle of ``needle_length`` random word tokens introduced by a
-  cue (" The secret code is") at a seeded depth, the cue again at the end, then greedy
-  decoding with a key-value cache (one captured row per step): the retrieval score.
+- **corpus windows**: previous-token, duplicate-token, sink-head and streaming scores, at
+  rows every ``head_stride`` positions back from the final one. They ride the analysis'
+  own forward over the windows (the ``head_scores`` analysis of ``engine/analyses.py``:
+  the stream captures the taxonomy's rows and these at once), so the atlas costs no
+  forward of its own there;
+- **repeated random tokens** (``repeat_prompts``): prompts of the window-start token then
+  a random block R of ``repeat_length`` tokens twice (seeded; special tokens never
+  drawn), rows on the second copy: induction and echo scores (``repeat_sums`` per block
+  of prompts);
+- **needles in a haystack** (Wu et al. 2024, ``make_needles``): a haystack cut from the
+  corpus windows, a needle of ``needle_length`` random word tokens introduced by a cue
+  (" The secret code is") at a seeded depth, the cue again at the end, then greedy
+  decoding (``decode_trials``, teacher-forced while the model copies the needle, with a
+  key-value cache after): the retrieval score (``retrieval_from``).
 
-and returns long table ``head_scores`` (schema in results/schemas.py), with the
-side-by-side tables when a taxonomy (table ``taxonomy`` of a run on the same model) is
-given: ``atlas_contingency`` (regime x head type: counts and the share of each type per
-regime), ``atlas_kappa`` (Cohen's kappa of each binary type against each regime's
-indicator), ``atlas_depth`` (per layer, the share of heads of each type and regime)
-and, with a run's ``summary``, ``atlas_fn`` (F_N of each head type's heads against
-their random control).
-"""
+The atlas command (``probes/atlas_command.py``) builds the prompts before the model loads
+and runs each kind as resumable units; ``head_score_rows`` joins them into table
+``head_scores``, and ``side_by_side`` cross-tabulates the head types with a taxonomy of
+the same windows: ``atlas_contingency`` (regime x head type: counts and the share of each
+type per regime), ``atlas_kappa`` (Cohen's kappa of each binary type against each
+regime's indicator), ``atlas_depth`` (per layer, the share of heads of each type and
+regime) and, with the run's ``summary``, ``atlas_fn`` (F_N of each head type's heads
+against their random control)."""
 
 from __future__ import annotations
 
@@ -64,66 +65,20 @@ class _Sums:  # the repeated-token scores' row sums
         cnt = self.counts.setdefault(name, {})
         cnt[layer] = cnt.get(layer, 0) + c
 
+    def merge(self, other: _Sums) -> _Sums:
+        """Add another block's sums (other prompts), score by score and layer by layer."""
+        for name, layers in other.sums.items():
+            for layer, s in layers.items():
+                mine = self.sums.setdefault(name, {})
+                mine[layer] = mine.get(layer, 0) + s
+                cnt = self.counts.setdefault(name, {})
+                cnt[layer] = cnt.get(layer, 0) + other.counts[name][layer]
+        return self
+
     def means(self, name: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         return {layer: (hs.mean_over_rows(self.sums[name][layer], self.counts[name][layer])
                         .numpy(), self.counts[name][layer].numpy())
                 for layer in sorted(self.sums.get(name, {}))}
-
-
-def _as_windows(windows) -> torch.Tensor:
-    """Windows (``pipeline.windows.Window`` objects, 1-D tensors or lists) as (n, T)."""
-    rows = [w.input_ids if hasattr(w, "input_ids") else torch.as_tensor(w) for w in windows]
-    if not rows:
-        raise ConfigError("windows: expected at least one window")
-    lengths = {int(r.shape[-1]) for r in rows}
-    if len(lengths) != 1:
-        raise ConfigError(f"windows: expected windows of one length, got {sorted(lengths)}")
-    return torch.stack([r.to(torch.int64).reshape(-1) for r in rows])
-
-
-def _max_positions(model) -> int | None:
-    cfg = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def _check_length(model, length: int, what: str) -> None:
-    limit = _max_positions(model)
-    if limit is not None and length > limit:
-        raise ConfigError(f"{what}: {length} tokens, more than the model's {limit} positions "
-                          f"(valid: 2..{limit})")
-
-
-@torch.no_grad()
-def corpus_scores(model, windows: torch.Tensor, *, query_stride: int = 8,
-                  streaming_window: int = 64, batch_size: int = 4
-                  ) -> hs.HeadScoreAccumulator:
-    """Previous-token, duplicate-token, sink and streaming scores over corpus windows, in
-    a forward of their own (rows every ``query_stride`` back from the last)."""
-    n, t = windows.shape
-    if query_stride < 1:
-        raise ConfigError(f"query_stride: expected an integer >= 1, got {query_stride!r}")
-    _check_length(model, t, "window length")
-    rows = torch.arange(t - 1, 0, -query_stride).flip(0)
-    acc = hs.HeadScoreAccumulator(streaming_window)
-    device = input_device(model)
-    current: dict[str, torch.Tensor] = {}
-
-    def consume(cap) -> None:
-        for b in range(cap.alpha.shape[0]):
-            acc.add_rows(cap.layer, cap.alpha[b], cap.query_rows, cap.values[b],
-                         current["ids"][b].to(cap.alpha.device))
-
-    with capture_attention(model, consume, query_rows=rows, chunk_size=256):
-        for start in range(0, n, batch_size):
-            ids = windows[start:start + batch_size]
-            current["ids"] = ids
-            ids = ids.to(device)
-            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    return acc
 
 
 def _content_ids(tokenizer, vocab_size: int) -> np.ndarray:
@@ -137,37 +92,6 @@ def _content_ids(tokenizer, vocab_size: int) -> np.ndarray:
 def _vocab_size(model, tokenizer) -> int:
     size = getattr(getattr(model, "config", None), "vocab_size", None)
     return min(int(size), len(tokenizer)) if size else len(tokenizer)
-
-
-@torch.no_grad()
-def repeat_scores(model, tokenizer, first_token: int, *, n_repeats: int = 4,
-                  repeat_length: int = 64, seed: int = 0) -> tuple[_Sums, torch.Tensor]:
-    """Induction and echo row sums on [first_token] + R + R, R seeded random tokens."""
-    if repeat_length < 2 or n_repeats < 1:
-        raise ConfigError(f"repeat_length >= 2 and n_repeats >= 1 expected, got "
-                          f"{repeat_length!r} and {n_repeats!r}")
-    _check_length(model, 2 * repeat_length + 1, "repeated-token prompt")
-    content = torch.as_tensor(_content_ids(tokenizer, _vocab_size(model, tokenizer)))
-    gen = torch.Generator().manual_seed(int(seed))
-    block = content[torch.randint(0, content.numel(), (n_repeats, repeat_length), generator=gen)]
-    first = torch.full((n_repeats, 1), int(first_token), dtype=torch.int64)
-    prompts = torch.cat([first, block, block], dim=1)
-    rows = torch.arange(repeat_length + 1, 2 * repeat_length + 1)
-    sums = _Sums.empty()
-
-    def consume(cap) -> None:
-        for b in range(cap.alpha.shape[0]):
-            a = cap.alpha[b]
-            sums.add("induction", cap.layer,
-                     *hs.repeat_rows(a, cap.query_rows, repeat_length, offset=1))
-            sums.add("echo", cap.layer, *hs.repeat_rows(a, cap.query_rows, repeat_length,
-                                                        offset=0))
-
-    device = input_device(model)
-    with capture_attention(model, consume, query_rows=rows):
-        ids = prompts.to(device)
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    return sums, prompts
 
 
 def _word_ids(tokenizer, content: np.ndarray) -> np.ndarray:
@@ -290,38 +214,78 @@ def _forced(model, trials: Sequence[NeedleTrial]) -> list[tuple[list[torch.Tenso
     return out
 
 
+def repeat_prompts(tokenizer, vocab_size: int, first_token: int, *, n_repeats: int,
+                   repeat_length: int, seed: int) -> torch.Tensor:
+    """(n_repeats, 1 + 2 x repeat_length) prompts: ``first_token`` then a seeded random
+    block of content tokens twice (special tokens never drawn)."""
+    if repeat_length < 2 or n_repeats < 1:
+        raise ConfigError(f"repeat_length >= 2 and n_repeats >= 1 expected, got "
+                          f"{repeat_length!r} and {n_repeats!r}")
+    content = torch.as_tensor(_content_ids(tokenizer, vocab_size))
+    gen = torch.Generator().manual_seed(int(seed))
+    block = content[torch.randint(0, content.numel(), (n_repeats, repeat_length), generator=gen)]
+    first = torch.full((n_repeats, 1), int(first_token), dtype=torch.int64)
+    return torch.cat([first, block, block], dim=1)
+
+
 @torch.no_grad()
-def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: float = 0.5
-                     ) -> tuple[dict[int, np.ndarray], int, list[bool]]:
+def repeat_sums(model, prompts: torch.Tensor, repeat_length: int) -> _Sums:
+    """Induction and echo row sums of ``prompts`` (rows on the second copy of the block)."""
+    rows = torch.arange(repeat_length + 1, 2 * repeat_length + 1)
+    sums = _Sums.empty()
+
+    def consume(cap) -> None:
+        for b in range(cap.alpha.shape[0]):
+            a = cap.alpha[b]
+            sums.add("induction", cap.layer,
+                     *hs.repeat_rows(a, cap.query_rows, repeat_length, offset=1))
+            sums.add("echo", cap.layer, *hs.repeat_rows(a, cap.query_rows, repeat_length,
+                                                        offset=0))
+
+    device = input_device(model)
+    with capture_attention(model, consume, query_rows=rows):
+        ids = prompts.to(device)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    return sums
+
+
+def cache_argument(model) -> str:
+    """The name of the key-value cache argument of ``model.forward``: transformers 5 names
+    it ``cache``, earlier versions ``past_key_values``."""
+    return ("cache" if "cache" in inspect.signature(model.forward).parameters
+            else "past_key_values")
+
+
+@torch.no_grad()
+def decode_trials(model, trials: Sequence[NeedleTrial]
+                  ) -> list[tuple[list[torch.Tensor], list[int]]]:
+    """Greedy decoding of trials of one shape, made cheap and kept exact: one
+    teacher-forced forward (``_forced``), which is greedy decoding itself for as long as
+    the model generates the needle; a trial that departs from it is decoded greedily from
+    there on with the key-value cache (``_greedy``). Per trial: the (L, H) hits and the
+    token of each step."""
+    shapes = {(t.prompt.numel(), t.needle.numel()) for t in trials}
+    if len(shapes) != 1:
+        raise ConfigError(f"trials: expected one prompt and needle length, got {sorted(shapes)}")
+    out = []
+    for trial, (steps, generated) in zip(trials, _forced(model, list(trials)), strict=True):
+        left = trial.needle.numel() - len(steps)
+        if left:
+            more, more_tokens = _greedy(model, trial, generated, left, cache_argument(model))
+            steps, generated = steps + more, generated + more_tokens
+        out.append((steps, generated))
+    return out
+
+
+def retrieval_from(decoded: Sequence[tuple[list[torch.Tensor], list[int]]],
+                   trials: Sequence[NeedleTrial], *, recovered_share: float = 0.5
+                   ) -> tuple[dict[int, np.ndarray], int, list[bool]]:
     """Wu et al. 2024's retrieval score per layer (H,), averaged over the recovered trials
     (at least ``recovered_share`` of the needle's tokens among the generated ones), the
-    number of recovered trials and each trial's outcome.
-
-    Greedy decoding, made cheap and kept exact: trials of one length run in one
-    teacher-forced forward (``_forced``), which is greedy decoding itself for as long as
-    the model generates the needle; a trial that departs from it is decoded greedily
-    from there on with the key-value cache (``_greedy``)."""
-    # transformers 5 names the key-value cache ``cache``; before, ``past_key_values``
-    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
-                 else "past_key_values")
-    for trial in trials:
-        _check_length(model, trial.prompt.numel() + trial.needle.numel(), "needle prompt")
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for i, trial in enumerate(trials):
-        by_shape.setdefault((trial.prompt.numel(), trial.needle.numel()), []).append(i)
-    decoded: dict[int, tuple[list[torch.Tensor], list[int]]] = {}
-    for members in by_shape.values():
-        for i, (steps, generated) in zip(members, _forced(model, [trials[i] for i in members]),
-                                         strict=True):
-            left = trials[i].needle.numel() - len(steps)
-            if left:
-                more, more_tokens = _greedy(model, trials[i], generated, left, cache_arg)
-                steps, generated = steps + more, generated + more_tokens
-            decoded[i] = (steps, generated)
+    number of recovered trials and each trial's outcome."""
     total: torch.Tensor | None = None
     outcomes = []
-    for i, trial in enumerate(trials):
-        steps, generated = decoded[i]
+    for (steps, generated), trial in zip(decoded, trials, strict=True):
         score, ok = hs.retrieval_trial(torch.stack(steps), generated, trial.needle.tolist(),
                                        recovered_share=recovered_share)
         outcomes.append(ok)
@@ -333,87 +297,36 @@ def retrieval_scores(model, trials: Sequence[NeedleTrial], *, recovered_share: f
     return out, n_ok, outcomes
 
 
-def head_atlas(model, tokenizer, windows, *, taxonomy: pd.DataFrame | None = None,
-               summary: pd.DataFrame | None = None, seed: int = 0,
-               corpus: hs.HeadScoreAccumulator | None = None, query_stride: int = 8,
-               streaming_window: int = 64, n_repeats: int = 4, repeat_length: int = 64,
-               n_needles: int = 4, needle_length: int = 6,
-               context_lengths: Sequence[int] | None = None, recovered_share: float = 0.5,
-               batch_size: int = 4, model_label: str = "model", corpus_label: str = "corpus",
-               ) -> dict[str, pd.DataFrame]:
-    """Every head score of every head, and the side-by-side tables (module docstring).
+def head_score_rows(corpus: pd.DataFrame, repeats: _Sums, retrieval: dict[int, np.ndarray],
+                    n_ok: int, *, num_layers: int, num_heads: int, inputs: dict[str, str],
+                    seed: int) -> pd.DataFrame:
+    """Table ``head_scores``: the corpus scores as the analysis computed them, the repeated
+    tokens' induction and echo, and the retrieval score (NaN with ``n_samples`` 0 for every
+    head when no needle trial was recovered: "not measured", never a score of 0)."""
+    from attngeom.engine.tables import head_score_table
 
-    ``windows``: corpus windows (``Window`` objects or token-id rows of one length T,
-    each starting with the model's window-start token). ``taxonomy``: table
-    ``taxonomy`` of a run on the same model (for the contingency, kappa and depth
-    tables); ``summary``: its table ``summary`` (for ``atlas_fn``). ``corpus``: a
-    ``HeadScoreAccumulator`` that rode on an analysis' own pass over the windows (its
-    rows are the analysis' rows); without it the corpus scores take a forward of their
-    own, at rows every ``query_stride``. ``context_lengths`` of the needle prompts
-    default to T // 2 and T // 4. Returns ``head_scores`` and the tables of
-    ``side_by_side``.
-    """
-    was_training = model.training
-    model.eval()
-    try:
-        win = _as_windows(windows)
-        t = int(win.shape[1])
-        contexts = (tuple(context_lengths) if context_lengths
-                    else (max(t // 2, 2), max(t // 4, 2)))
-        if corpus is None:
-            corpus = corpus_scores(model, win, query_stride=query_stride,
-                                   streaming_window=streaming_window, batch_size=batch_size)
-            corpus_inputs = (f"{win.shape[0]} corpus windows of {t}, rows every {query_stride}, "
-                             f"streaming W = {streaming_window}")
-        else:
-            corpus_inputs = (f"{corpus.windows} corpus windows, the analysis' rows, "
-                             f"streaming W = {corpus.streaming_window}")
-        repeats, _ = repeat_scores(model, tokenizer, int(win[0, 0]), n_repeats=n_repeats,
-                                   repeat_length=repeat_length, seed=seed)
-        trials = make_needles(tokenizer, win, _vocab_size(model, tokenizer),
-                              n_needles=n_needles, needle_length=needle_length,
-                              context_lengths=contexts, seed=seed)
-        retrieval, n_ok, _ = retrieval_scores(model, trials, recovered_share=recovered_share)
-    finally:
-        model.train(was_training)
-    seen = corpus.sums["previous_token"]  # every layer's attention was captured
-    if not seen:
-        raise ConfigError("corpus: no head scores (no window was analysed)")
-    n_layers, n_heads = max(seen) + 1, int(next(iter(seen.values())).numel())
-    inputs = {
-        "corpus": corpus_inputs,
-        "repeat": f"{n_repeats} prompts of 1 + 2 x {repeat_length} random tokens, seed {seed}",
-        "needle": (f"{n_needles} needles of {needle_length} tokens, contexts "
-                   f"{'/'.join(map(str, contexts))}, seeded depths, seed {seed}, "
-                   f"{n_ok} recovered"),
-    }
     rows = []
 
-    def add(name: str, source: str, means: dict[int, tuple[np.ndarray, np.ndarray | int]]):
-        for layer in range(n_layers):
-            value, count = means.get(layer, (np.full(n_heads, np.nan), 0))
-            for head in range(n_heads):
+    def add(name: str, means: dict[int, tuple[np.ndarray, np.ndarray | int]]):
+        for layer in range(num_layers):
+            value, count = means.get(layer, (np.full(num_heads, np.nan), 0))
+            for head in range(num_heads):
                 c = count[head] if isinstance(count, np.ndarray) else count
-                rows.append((layer, head, name, float(value[head]), int(c), inputs[source]))
+                rows.append((layer, head, name, float(value[head]), int(c)))
 
-    for name in ("previous_token", "duplicate_token", "sink", "streaming"):
-        add(name, "corpus", corpus.means(name))
-    for name in ("induction", "echo"):
-        add(name, "repeat", repeats.means(name))
-    add("retrieval", "needle", {layer: (v, n_ok) for layer, v in retrieval.items()}
-        if n_ok else {})
-    df = pd.DataFrame(rows, columns=["layer", "head", "score", "value", "n_samples", "inputs"])
-    df["threshold"] = df["score"].map(hs.threshold)
-    labels = np.where(df["score"].map(hs.below), df["value"] <= df["threshold"],
-                      df["value"] >= df["threshold"])
-    df["is_type"] = labels & df["value"].notna()
-    df.insert(0, "corpus", corpus_label)
-    df.insert(0, "model", model_label)
-    df["seed"] = int(seed)
-    out = {"head_scores": df[["model", "corpus", "layer", "head", "score", "value",
-                              "threshold", "is_type", "n_samples", "inputs", "seed"]]}
-    out.update(side_by_side(out["head_scores"], taxonomy, summary))
-    return out
+    for name in HEAD_TYPES:
+        source = HEAD_TYPES.meta(name)["input"]
+        if source == "repeats":
+            add(name, repeats.means(name))
+        elif source == "needles":
+            add(name, {layer: (v, n_ok) for layer, v in retrieval.items()} if n_ok else {})
+    extra = pd.DataFrame(rows, columns=["layer", "head", "score", "value", "n_samples"])
+    extra = head_score_table(extra, inputs="", seed=seed)
+    extra["inputs"] = extra["score"].map(lambda s: inputs[HEAD_TYPES.meta(s)["input"]])
+    base = corpus[corpus["score"].map(lambda s: HEAD_TYPES.meta(s)["input"] == "corpus")]
+    columns = ["layer", "head", "score", "value", "threshold", "is_type", "n_samples",
+               "inputs", "seed"]
+    return pd.concat([base[columns], extra[columns]], ignore_index=True)
 
 
 def head_type_labels(head_scores: pd.DataFrame) -> pd.DataFrame:

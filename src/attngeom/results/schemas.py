@@ -202,6 +202,7 @@ for _name, _columns in _DECLARED.items():
 WRITTEN_BY = {
     "metrics": "metrics", "summary": "metrics", "sink": "sink", "sink_tokens": "sink",
     "taxonomy": "taxonomy", "bounds": "bounds", "assumptions": "assumptions",
+    "head_scores": "head_scores",
 }
 
 

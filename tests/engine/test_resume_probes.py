@@ -1,0 +1,64 @@
+"""Every command resumes: the probes and the atlas killed mid-run finish to the same bytes.
+
+``competition --probe qa``, ``--probe context`` and ``atlas`` run their work as units on
+the engine (issue 37): each is started in a subprocess, SIGKILLed once a unit of a
+later stage is on disk (an N* search round for the probes, the needles for the atlas),
+and the same command then finishes it. Its table files must be byte-identical to an
+uninterrupted run's, and only the missing units run again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attngeom.cli import main
+from attngeom.results.io import read_manifest
+from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
+from tests.engine.test_resume import _env, _tables
+
+pytestmark = pytest.mark.slow
+
+BASE = ["--model", str(STORIES_PATH), "--quiet", "--batch-size", "1", "--bootstrap", "20"]
+COMMANDS = {
+    "qa": (["competition", *BASE, "--backgrounds", "0", "--n-episodes", "3",
+            "--grid-max", "4", "--positional", "false"], "qa-search-1"),
+    "context": (["competition", *BASE, "--probe", "context", "--lengths", "32,64",
+                 "--tail", "16", "--n-documents", "3", "--taus", "0.1"], "context-search-2"),
+    "atlas": (["atlas", *BASE, "--corpus", str(TINYSTORIES_PATH), "--n-windows", "3",
+               "--window-length", "96", "--query-stride", "4", "--n-repeats", "2",
+               "--repeat-length", "16", "--n-needles", "3", "--needle-length", "3",
+               "--needle-contexts", "96,48"], "atlas-needles"),
+}
+
+
+def _stage_shards(out: Path, stage: str) -> list[Path]:
+    return sorted(out.glob(f".attngeom/*/{stage}/*.shard"))
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_killed_probe_resumes_to_identical_tables(name, tmp_path):
+    args, stage = COMMANDS[name]
+    reference = tmp_path / "reference"
+    assert main([*args, "--out", str(reference)]) == 0
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "attngeom", *args, "--out", str(out)],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not _stage_shards(out, stage) and proc.poll() is None:
+        assert time.monotonic() < deadline, f"no shard of {stage} in 600 s"
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+    done = len(list(out.glob(".attngeom/*/*/*.shard")))
+    assert main([*args, "--out", str(out)]) == 0
+    assert _tables(out) == _tables(reference)
+    counts = read_manifest(out)["counts"]
+    resumed = sum(v for k, v in counts.items() if k.startswith("resumed_"))
+    assert resumed >= done > 0  # the finished units were read back, not run again
+    assert not (out / ".attngeom").exists()
