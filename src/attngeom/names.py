@@ -85,7 +85,7 @@ HEAD_TYPES: Registry = Registry(
               ("sink", {"threshold": 0.3, "input": "corpus"}),
               ("streaming", {"threshold": 0.1, "input": "corpus", "below": True}),
               ("retrieval", {"threshold": 0.1, "input": "needles"})),
-)
+    module="attngeom.core.head_scores")
 
 # --- probes of ``attngeom competition`` (``probes/competition.py`` registers each)
 PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context"),

@@ -223,7 +223,7 @@ def test_accumulator_equals_the_kernels_and_merges_exactly() -> None:
     torch.testing.assert_close(torch.as_tensor(whole.means("streaming")[1][0]),
                                hs.mean_over_rows(s, c))
     table = whole.compute()["head_scores"]
-    assert len(table["layer"]) == 4 * len(hs.CORPUS_SCORES) and whole.windows == 2
+    assert len(table["layer"]) == 4 * len(hs.corpus_scores()) and whole.windows == 2
     merged = shards[0].merge(shards[1]).compute()["head_scores"]
     assert_columns_equal(merged, table, rtol=1e-12)
     with pytest.raises(ConfigError, match="disjoint"):

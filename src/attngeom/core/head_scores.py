@@ -26,7 +26,8 @@ Shapes: alpha (H, Q, T) float, query_positions (Q,) int64, tokens (T,) int64, va
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -230,8 +231,36 @@ def head_labels(scores: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-# the head types scored on corpus rows (the others on repeated tokens and needles)
-CORPUS_SCORES = tuple(n for n in HEAD_TYPES if HEAD_TYPES.meta(n)["input"] == "corpus")
+@dataclass(frozen=True)
+class HeadScore:
+    """A head type's registry entry (``names.HEAD_TYPES``). Scored on corpus rows (``input =
+    "corpus"``): ``rows(alpha (H, Q, T), query_positions (Q,), values (G, T, d), tokens
+    (T,) or None, streaming_window)`` -> ((H, Q) float64 score, (Q,) or (H, Q) bool valid
+    rows), a head's score the mean over its valid rows. ``rows`` is None for the types the
+    atlas scores from prompts of its own (repeated tokens, needles: ``probes/atlas.py``)."""
+
+    rows: Callable[..., tuple[Tensor, Tensor]] | None = None
+    needs_tokens: bool = False
+
+
+HEAD_TYPES.register("previous_token", HeadScore(lambda a, q, v, tok, w:
+                                               previous_token_rows(a, q)))
+HEAD_TYPES.register("duplicate_token", HeadScore(lambda a, q, v, tok, w:
+                                                duplicate_token_rows(a, q, tok),
+                                                needs_tokens=True))
+HEAD_TYPES.register("sink", HeadScore(lambda a, q, v, tok, w: sink_rows(a, q)))
+HEAD_TYPES.register("streaming", HeadScore(lambda a, q, v, tok, w:
+                                          streaming_rows(a, q, v[:, :a.shape[-1]], w)))
+# scored from the atlas's own prompts, not from corpus rows
+for _name in HEAD_TYPES:
+    if HEAD_TYPES.meta(_name)["input"] != "corpus":
+        HEAD_TYPES.register(_name, HeadScore())
+
+
+def corpus_scores() -> tuple[str, ...]:
+    """The head types scored on corpus rows, in registry order (a type registered later
+    with ``input = "corpus"`` and a ``HeadScore`` with ``rows`` joins them)."""
+    return tuple(n for n in HEAD_TYPES if (HEAD_TYPES.meta(n) or {}).get("input") == "corpus")
 
 
 class HeadScoreAccumulator(Accumulator):
@@ -250,8 +279,9 @@ class HeadScoreAccumulator(Accumulator):
             raise ConfigError(f"streaming_window: expected an integer >= 1, got "
                               f"{streaming_window!r}")
         self.streaming_window = int(streaming_window)
-        self.sums: dict[str, dict[int, Tensor]] = {k: {} for k in CORPUS_SCORES}
-        self.counts: dict[str, dict[int, Tensor]] = {k: {} for k in CORPUS_SCORES}
+        self.scores = corpus_scores()
+        self.sums: dict[str, dict[int, Tensor]] = {k: {} for k in self.scores}
+        self.counts: dict[str, dict[int, Tensor]] = {k: {} for k in self.scores}
         self._seen: set[tuple[int, int]] = set()
 
     def _add(self, name: str, layer: int, score: Tensor, valid: Tensor) -> None:
@@ -266,13 +296,13 @@ class HeadScoreAccumulator(Accumulator):
                  tokens: Tensor | None = None) -> None:
         """Add the rows of one window at one layer: alpha (H, Q, T), values (G, T, d)."""
         t = alpha.shape[-1]
-        self._add("previous_token", layer, *previous_token_rows(alpha, query_positions))
-        self._add("sink", layer, *sink_rows(alpha, query_positions))
-        self._add("streaming", layer, *streaming_rows(alpha, query_positions, values[:, :t],
-                                                      self.streaming_window))
-        if tokens is not None:
-            self._add("duplicate_token", layer,
-                      *duplicate_token_rows(alpha, query_positions, tokens[:t]))
+        for name in self.scores:
+            score = HEAD_TYPES[name]
+            if score.needs_tokens and tokens is None:
+                continue
+            self._add(name, layer, *score.rows(alpha, query_positions, values,
+                                               None if tokens is None else tokens[:t],
+                                               self.streaming_window))
 
     def update(self, batch: AttentionBatch) -> None:
         self._seen.add((batch.layer, batch.window))
@@ -280,9 +310,10 @@ class HeadScoreAccumulator(Accumulator):
                       batch.tokens)
 
     def merge(self, other: HeadScoreAccumulator) -> HeadScoreAccumulator:
-        self._check_mergeable(other, streaming_window=self.streaming_window)
+        self._check_mergeable(other, streaming_window=self.streaming_window,
+                              scores=self.scores)
         check_disjoint(self._seen, other._seen)
-        for name in CORPUS_SCORES:
+        for name in self.scores:
             for layer, s in other.sums[name].items():
                 self._add_sums(name, layer, s, other.counts[name][layer])
         self._seen |= other._seen
@@ -306,7 +337,7 @@ class HeadScoreAccumulator(Accumulator):
         """Table ``head_scores`` (layer, head, score, value, n_samples) of these scores."""
         cols: dict[str, list] = {"layer": [], "head": [], "score": [], "value": [],
                                  "n_samples": []}
-        for name in CORPUS_SCORES:
+        for name in self.scores:
             for layer, (mean, count) in self.means(name).items():
                 h = mean.size
                 cols["layer"].append(np.full(h, layer, dtype=np.int64))

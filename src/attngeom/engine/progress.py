@@ -22,13 +22,24 @@ def say(enabled, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def plural(word: str, count: int = 2) -> str:
+    """``word`` for one, its plural for any other count (``pass`` -> ``passes``).
+
+    >>> plural("pass"), plural("window"), plural("window", 1)
+    ('passes', 'windows', 'window')
+    """
+    if count == 1:
+        return word
+    return word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
+
+
 def final_line(desc: str, done: int, unit: str, seconds: float, *, resumed: int = 0,
                redone: int = 0) -> str:
     """``analyze (32 tok/window): 24 windows in 12.3 s (4 resumed, 1 redone)``."""
     extra = [f"{resumed} resumed"] if resumed else []
     extra += [f"{redone} redone"] if redone else []
     more = f" ({', '.join(extra)})" if extra else ""
-    return f"{desc}: {done} {unit}{'s' if done != 1 else ''} in {seconds:.1f} s{more}"
+    return f"{desc}: {done} {plural(unit, done)} in {seconds:.1f} s{more}"
 
 
 class Progress:

@@ -164,7 +164,7 @@ class RunContext:
         ``self.pending`` holds the weight this process will compute in the stage (set
         before the first ``process`` call).
         """
-        from attngeom.engine.progress import Progress
+        from attngeom.engine.progress import Progress, plural
 
         store, dist = self.store, self.dist
         done, damaged = set(), []
@@ -183,7 +183,8 @@ class RunContext:
         self.pending = sum(weight(u) for u in units
                            if u.index not in done and dist.owns(u.index))
         resumed = sum(weight(u) for u in units if u.index in done)
-        self.counts[f"resumed_{unit}s"] = self.counts.get(f"resumed_{unit}s", 0) + resumed
+        key = f"resumed_{plural(unit)}"
+        self.counts[key] = self.counts.get(key, 0) + resumed
         total = sum(weight(u) for u in units)
         show = self.progress if dist.is_main else False
         # the first process's bar counts every process's units: the others' by their
@@ -339,13 +340,12 @@ def _corpus_meta(ctx: RunContext) -> dict:
     info = ctx.corpus_info
     meta = info.to_dict() if hasattr(info, "to_dict") else dict(info)
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in meta.items()}
-    meta.update({
-        "n_windows": len(ctx.windows),
-        "window_length": ctx.config.window_length,
-        "first_window": int(ctx.windows[0].index),
-        "last_window": int(ctx.windows[-1].index),
-        "boundary_policy": ctx.policy.to_dict(),
-    })
+    meta["n_windows"] = len(ctx.windows)
+    if ctx.windows:  # a probe that cuts its own prompts reads no window of the run's
+        meta.update({"window_length": ctx.config.window_length,
+                     "first_window": int(ctx.windows[0].index),
+                     "last_window": int(ctx.windows[-1].index)})
+    meta["boundary_policy"] = ctx.policy.to_dict()
     meta.update(ctx.corpus_extra)
     return meta
 

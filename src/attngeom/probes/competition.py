@@ -34,6 +34,7 @@ class Probe:
     prepare: Callable[[RunContext], object]
     run: Callable[[RunContext], dict]
     settings: Callable[[RunContext], dict]
+    record: Callable[[object], dict] = lambda inputs: {}  # what the manifest keeps of them
 
 
 def _search_settings(ctx: RunContext) -> dict:
@@ -72,9 +73,10 @@ def _context_settings(ctx: RunContext) -> dict:
             "initial_token_id": inputs.record.initial_token_id, **_search_settings(ctx)}
 
 
-PROBES.register("qa", Probe(qa_probe.prepare_qa, qa_probe.run_qa, _qa_settings))
+PROBES.register("qa", Probe(qa_probe.prepare_qa, qa_probe.run_qa, _qa_settings,
+                            record=lambda inputs: inputs.record))
 PROBES.register("context", Probe(context_sweep.prepare_context, context_sweep.run_context,
-                                 _context_settings))
+                                 _context_settings, record=context_sweep.context_record))
 
 
 def _settings_frame(values: dict):
@@ -92,10 +94,10 @@ class Competition(Command):
         if ctx.shape is not None and not ctx.shape.is_causal:
             raise ConfigError(f"{ctx.shape.name} is not a causal LM: the {cfg.probe} probe "
                               "scores next tokens")
-        ctx.inputs = PROBES[cfg.probe].prepare(ctx)
-        record = getattr(ctx.inputs, "record", None)
-        ctx.corpus_extra["probe"] = {"name": cfg.probe, **(record if isinstance(record, dict)
-                                                            else {})}
+        probe = PROBES[cfg.probe]
+        ctx.inputs = probe.prepare(ctx)
+        ctx.windows = []  # the probe reads its own prompts, not the run's windows
+        ctx.corpus_extra["probe"] = {"name": cfg.probe, **probe.record(ctx.inputs)}
 
     def run(self, ctx: RunContext) -> dict:
         cfg = ctx.config
@@ -104,8 +106,9 @@ class Competition(Command):
         settings = {"probe": cfg.probe, "model": ctx.model_label, "seed": cfg.seed,
                     **probe.settings(ctx)}
         frames["competition_settings"] = _settings_frame(settings)
-        ctx.corpus_extra["probe"].update({k: v for k, v in settings.items()
-                                          if k not in ("model", "probe")})
+        recorded = ctx.corpus_extra["probe"]
+        recorded.update({k: v for k, v in settings.items()
+                         if k not in ("model", "probe") and k not in recorded})
         out = {}
         for name, df in frames.items():
             if df is None or df.empty:

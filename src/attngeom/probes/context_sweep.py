@@ -182,6 +182,16 @@ def prepare_context(ctx: RunContext) -> ContextInputs:
     return ContextInputs(windows=windows, record=record, corpus=corpus, selections=selections)
 
 
+def context_record(inputs: ContextInputs) -> dict:
+    """What the manifest records of the documents the sweep read."""
+    out = {"lengths": sorted(inputs.windows),
+           "documents": int(next(iter(inputs.windows.values())).shape[0]),
+           "corpus": inputs.corpus}
+    if inputs.record is not None and hasattr(inputs.record, "to_dict"):
+        out["document_protocol"] = inputs.record.to_dict()
+    return out
+
+
 def _units(inputs: ContextInputs, size: int) -> list[Unit]:
     """Per length, consecutive blocks of ``size`` documents (``ids``: length, documents)."""
     units = []
