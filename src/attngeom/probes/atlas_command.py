@@ -29,7 +29,7 @@ def analysis_config(cfg) -> AnalysisConfig:
     shared = {f.name: getattr(cfg, f.name) for f in fields(RunConfig)}
     return AnalysisConfig(**shared, n_windows=cfg.n_windows, n_grid=cfg.n_grid,
                           query_mode=cfg.query_mode,
-                          analyses=("metrics", "taxonomy", "head_scores"),
+                          analyses=("metrics", "taxonomy", "head_scores"),  # subset of ANALYSES
                           variants=("full",), distances=("euclidean",),
                           bootstrap=cfg.bootstrap, regime_rule=cfg.regime_rule,
                           head_stride=cfg.query_stride,
