@@ -8,7 +8,7 @@ slider, both distances and both rankings for chosen head-query pairs. See
 """
 
 from attngeom.viewer.geometry import SelectionGeometry, selection_geometry
-from attngeom.viewer.page import write_viewer
 from attngeom.viewer.view import HeadView, inspect
+from attngeom.viewer.write import write_viewer
 
 __all__ = ["HeadView", "SelectionGeometry", "inspect", "selection_geometry", "write_viewer"]

@@ -191,12 +191,11 @@ def selection_geometry(alpha: Tensor, values: Tensor, universe: Tensor, ns: Sequ
     cmax = np.where(selected, -big, close_u).max(-1)  # the nearest unselected key's score
     intruders = ~selected & (close_u >= cmin[:, None])
     stragglers = selected & (close_u <= cmax[:, None])
-    n_f = grid.astype(np.float64)
     inversions = np.array([
         int((close_u[c][~selected[c]][None, :] >= close_u[c][selected[c]][:, None]).sum())
-        for c in range(len(grid))], dtype=np.float64)
-    m = _metric_values(n_f, intruders.sum(-1), (selected & ~stragglers).sum(-1), cmin, cmax,
-                       s2n, distance)
+        for c in range(len(grid))], dtype=np.int64)
+    m = _metric_values(grid, intruders.sum(-1), (selected & ~stragglers).sum(-1), cmin, cmax,
+                       s2n, inversions, size, distance)
     if distance == "euclidean":
         dist = np.sqrt(np.maximum(s2n[:, None] - close_u, 0.0))
     else:
@@ -211,28 +210,24 @@ def selection_geometry(alpha: Tensor, values: Tensor, universe: Tensor, ns: Sequ
         stragglers=stragglers, rho_max=rho_max, rho_min=rho_min,
         aggregate_norm=np.sqrt(np.maximum(s2n, 0.0)), aggregates=s.numpy(),
         precision=m["precision"], recall=m["recall"], f_score=m["f_score"],
-        margin=m["margin"], inversions=inversions)
+        margin=m["margin"], inversions=inversions.astype(np.float64))
 
 
 def _metric_values(n: np.ndarray, intruders: np.ndarray, clears: np.ndarray, cmin: np.ndarray,
-                   cmax: np.ndarray, s2: np.ndarray, distance: str) -> dict[str, np.ndarray]:
-    """The metrics from the counts, with the core's formulas (``geometry._scores``)."""
+                   cmax: np.ndarray, s2: np.ndarray, inversions: np.ndarray, size: int,
+                   distance: str) -> dict[str, np.ndarray]:
+    """Every registered metric from the row's exact counts, by the core's own functions
+    (``core.metrics.metric_values``): the viewer prints what the tables average."""
+    from attngeom.core.metrics import metric_values
+
     t = torch.from_numpy
-    nf = t(n)
-    precision = nf / (nf + t(intruders.astype(np.float64)))
-    recall = t(clears.astype(np.float64)) / nf
-    denom = precision + recall
-    f_score = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), 0.0)
-    cmin_t, cmax_t, s2_t = t(cmin), t(cmax), t(s2)
-    if distance == "euclidean":
-        rho_min = (s2_t - cmax_t).clamp_min(0).sqrt()
-        rho_max = (s2_t - cmin_t).clamp_min(0).sqrt()
-        spread = rho_min + rho_max
-        margin = torch.where(spread > 0, (cmin_t - cmax_t) / spread.clamp_min(1e-300), 0.0)
-    else:
-        margin = cmin_t - cmax_t
-    return {"precision": precision.numpy(), "recall": recall.numpy(),
-            "f_score": f_score.numpy(), "margin": margin.numpy()}
+    counts = {"cmin": t(cmin), "cmax": t(cmax), "s2": t(s2),
+              "intruders": t(intruders.astype(np.int64)), "clears": t(clears.astype(np.int64)),
+              "inversions": t(inversions.astype(np.int64)),
+              "size": torch.full(cmin.shape, int(size), dtype=torch.int64)}
+    grid = tuple(int(x) for x in n)
+    return {name: value.reshape(-1).numpy()
+            for name, value in metric_values(counts, grid, distance).items()}
 
 
 def vector_distance(a: np.ndarray, b: np.ndarray, distance: str) -> float:

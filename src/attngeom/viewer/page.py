@@ -1,4 +1,4 @@
-"""The geometry viewer as one self-contained HTML page (``write_viewer``).
+"""The geometry viewer as one self-contained HTML page: the views as inline JSON.
 
 Everything the page draws is precomputed here, for every N up to the cap, both
 rankings and both distances, and written into the page as inline JSON; the page's
@@ -23,15 +23,10 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from attngeom.errors import ConfigError
-from attngeom.names import DISTANCES, MODEL_RULES
 from attngeom.viewer.page_assets import SCRIPT, STYLE
-from attngeom.viewer.view import DEFAULT_GRID, TOP_KEYS, HeadView, collect, prepare
 
 LEVELS = 65535
 REST_BINS = 40
@@ -62,7 +57,7 @@ def _band_histogram(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.concatenate([[int((values < lo).sum())], counts, [int((values > hi).sum())]])
 
 
-def view_payload(view: HeadView, seq: str) -> dict:
+def view_payload(view, seq: str) -> dict:
     """What the page needs of one ``HeadView`` (every ranking and distance it holds)."""
     shown = view.shown
     rest = np.setdiff1d(np.arange(view.keys.size), shown)
@@ -149,53 +144,3 @@ def page_html(payload: dict, title: str) -> str:
         f"<style>{STYLE}</style></head><body>"
         f"<script id=\"attngeom-data\" type=\"application/json\">{data}</script>"
         f"<script>{SCRIPT}</script></body></html>\n")
-
-
-def write_viewer(out_html, model=None, prompt=None, *, run=None, window: int | None = None,
-                 heads: Sequence[tuple[int, int]], queries: Sequence[int | None] = (-1,),
-                 n_grid: Sequence[int] = DEFAULT_GRID, n_max: int | None = None,
-                 seed: int | None = None, tokenizer=None, top_keys: int = TOP_KEYS,
-                 title: str | None = None) -> Path:
-    """Write the geometry viewer for every (layer, head) of ``heads`` at every query.
-
-    ``model`` and ``prompt`` as ``inspect``'s model and text_or_ids; or ``run=`` (and
-    ``window``) to view a run's window captured again (``model`` may then be left out).
-    ``queries``: positions (negatives from the end; with a run ``-1`` / ``None`` is its
-    final query). Every N up to ``n_max`` (default ``max(n_grid)``; 0: only the grid's
-    N, a page about five times smaller) is precomputed for the slider, under both
-    rankings and both distances, with the random control's set of the same size as a
-    ghost. Long contexts draw the ``top_keys`` keys of largest
-    contribution (plus the selected, the sink, the current token and the winner) one
-    by one and the rest as a density. Returns the path written.
-    """
-    pairs = []
-    for item in heads:
-        try:
-            layer, head = (int(x) for x in item)
-        except (TypeError, ValueError):
-            raise ConfigError(f"heads: expected (layer, head) pairs, got {item!r}") from None
-        for query in queries:
-            pairs.append((layer, head, query))
-    if not pairs:
-        raise ConfigError("heads: expected at least one (layer, head) pair and one query")
-    prep = prepare(model, prompt, run=run, window=window, tokenizer=tokenizer)
-    if prep.run is not None:
-        pairs = [(a, b, None if q in (None, -1) else q) for a, b, q in pairs]
-    else:
-        pairs = [(a, b, -1 if q is None else q) for a, b, q in pairs]
-    views = collect(prep, pairs, n_grid=n_grid, n_max=n_max, rules=MODEL_RULES,
-                    distances=DISTANCES, seed=prep.seed if seed is None else int(seed),
-                    top_keys=top_keys)
-    seq = "w" if prep.window is None else f"w{prep.window}"
-    payload = {
-        "title": title or f"attngeom geometry viewer: {prep.label}",
-        "model": prep.label,
-        "source": (f"run {prep.run.name}, window {prep.window}" if prep.run is not None
-                   else "prompt"),
-        "sequences": {seq: views[0].tokens},
-        "pairs": [view_payload(v, seq) for v in views],
-    }
-    out = Path(out_html)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page_html(payload, payload["title"]), encoding="utf-8")
-    return out
