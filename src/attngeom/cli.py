@@ -72,7 +72,8 @@ def _add_quiet(p: argparse.ArgumentParser) -> None:
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add_out(p, "results directory (tables, manifest.json)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a different run in --out (removes only attngeom's files)")
+                   help="replace a different attngeom run in --out (only attngeom's own files "
+                   "are removed; a folder holding other files is refused and left as it is)")
     _add_quiet(p)
 
 

@@ -173,7 +173,7 @@ def test_bad_arguments_are_one_line():
         search_nstar(lambda ns: ns, [-1.0], length=8)
     with pytest.raises(ConfigError, match="expected 3 deltas"):
         search_nstar(lambda ns: [0.0], [0.1], length=5)
-    with pytest.raises(ConfigError, match="step: expected one of interpolate, bisect"):
+    with pytest.raises(ConfigError, match="step: expected one of bisect, interpolate"):
         search_nstar(lambda ns: ns, [0.1], length=8, step="secant")
     with pytest.raises(ConfigError, match="step"):
         next(search_rounds([0.1], length=8, step="Bisect"))

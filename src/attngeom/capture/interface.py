@@ -417,16 +417,22 @@ def override_attention(model: torch.nn.Module, handler: Handler) -> Iterator[Non
             hook.remove()
         if previous != name and model.config._attn_implementation != previous:
             model.set_attn_implementation(previous)
-        if config_stack and config_stack[-1] is override:
-            config_stack.pop()
-        if not config_stack:
-            _BY_CONFIG.pop(id(model.config), None)
-        for key in pushed:
-            stack = _BY_MODULE.get(key, [])
-            if stack and stack[-1] is override:
-                stack.pop()
-            if not stack:
-                _BY_MODULE.pop(key, None)
+        _pop(override, model.config, config_stack, pushed)
+
+
+def _pop(override: _Override, config, config_stack: list, pushed: list[int]) -> None:
+    """Take ``override`` off the model's and its modules' stacks (and the emptied stacks
+    out of the registries), leaving any other override where it was."""
+    if config_stack and config_stack[-1] is override:
+        config_stack.pop()
+    if not config_stack:
+        _BY_CONFIG.pop(id(config), None)
+    for key in pushed:
+        stack = _BY_MODULE.get(key, [])
+        if stack and stack[-1] is override:
+            stack.pop()
+        if not stack:
+            _BY_MODULE.pop(key, None)
 
 
 def has_override(model: torch.nn.Module) -> bool:

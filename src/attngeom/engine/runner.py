@@ -427,11 +427,10 @@ def _shape_of(layout):
 
 def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, progress,
              model_and_tokenizer, shape) -> RunResult:
-    from attngeom.capture import load_model, load_tokenizer, model_layout
+    from attngeom.capture import load_tokenizer
     from attngeom.engine.progress import say
     from attngeom.results.manifest import build_manifest
     from attngeom.results.state import ShardStore, clear_states
-    from attngeom.validate import check_config
 
     name, resume_key = spec.name, config.resume_key()
     talk = progress if dist.is_main else False
@@ -469,28 +468,14 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     command.prepare(ctx)  # the command's own inputs, checked before any weight is read
     timings["windows_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    if given_model is None:
-        say(talk, f"loading {label_of(config.model)} ({config.dtype}, {config.device}) ...")
-        model, tokenizer = load_model(config.model, device=dist.device(config.device),
-                                      dtype=config.dtype, tokenizer=tokenizer,
-                                      device_map=config.device_map,
-                                      quantization=config.quantization)
-    else:
-        model = given_model
-    layout = model_layout(model)
-    if shape is None:  # the configuration could not be read before the load
-        ctx.shape = _shape_of(layout)
-        check_config(config, ctx.shape)
-    if spec.loss and not layout.is_causal:
-        raise ConfigError(f"{layout.model_class} is not a causal LM: {name} measures "
-                          "next-token loss, which needs one")
+    _load(ctx, spec, given_model)
     timings["load_model_s"] = time.perf_counter() - t1
-    ctx.model, ctx.layout = model, layout
     tables = {n: _labelled(df, ctx) for n, df in command.run(ctx).items()}
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(
         command=name, config=config.to_dict(),
-        model_info=model_identity(config.model, model, layout), corpus_info=_corpus_meta(ctx),
+        model_info=model_identity(config.model, ctx.model, ctx.layout),
+        corpus_info=_corpus_meta(ctx),
         seed=config.seed, timings=timings, tables={n: f"{n}.parquet" for n in tables},
         counts=ctx.counts, fingerprint=fingerprint,
     )
@@ -509,6 +494,33 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     if out_dir is not None and dist.is_main:
         clear_states(out_dir)
     return RunResult(tables=tables, manifest=manifest, out_dir=out_dir)
+
+
+def _load(ctx: RunContext, spec, given_model) -> None:
+    """Load the model (unless one was given) into ``ctx``; the checks that needed its
+    configuration run now if it could not be read before (a hub id not cached)."""
+    from attngeom.capture import load_model, model_layout
+    from attngeom.engine.progress import say
+    from attngeom.validate import check_config
+
+    config = ctx.config
+    if given_model is None:
+        say(ctx.progress, f"loading {label_of(config.model)} ({config.dtype}, "
+                          f"{config.device}) ...")
+        model, ctx.tokenizer = load_model(config.model, device=ctx.dist.device(config.device),
+                                          dtype=config.dtype, tokenizer=ctx.tokenizer,
+                                          device_map=config.device_map,
+                                          quantization=config.quantization)
+    else:
+        model = given_model
+    layout = model_layout(model)
+    if ctx.shape is None:  # the configuration could not be read before the load
+        ctx.shape = _shape_of(layout)
+        check_config(config, ctx.shape)
+    if spec.loss and not layout.is_causal:
+        raise ConfigError(f"{layout.model_class} is not a causal LM: {spec.name} measures "
+                          "next-token loss, which needs one")
+    ctx.model, ctx.layout = model, layout
 
 
 def _drop_other_resume_key(root: Path, resume_key: dict) -> None:

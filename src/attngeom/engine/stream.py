@@ -116,54 +116,9 @@ def stream_windows(
 
     device = input_device(model)
     stats = StreamStats()
-    current: list = []
     modes = (accumulators.query_modes() if hasattr(accumulators, "query_modes")
              else {config.query_mode: None})
-    own_rows: dict[str, list[torch.Tensor]] = {}  # mode -> each window's rows
-    cache: dict[str, object] = {}
-    last_row = [-1]  # the batch's last analysed position: its chunk ends a layer
-
-    def consume(cap) -> None:
-        stats.layers_seen.add(cap.layer)
-        key = (cap.layer, id(cap.values))
-        if cache.get("key") != key:  # a new layer: the previous layer's stats are dropped
-            cache["key"] = key
-            # one ValueStats per mode: its row count picks the metrics' path (direct or
-            # Gram), which must be the same as in a run of that mode alone
-            cache["stats"] = {mode: [ValueStats(cap.values[b].float(), queries=len(rows[b]))
-                                     for b in range(cap.values.shape[0])]
-                              for mode, rows in own_rows.items()}
-        chunk = cap.query_rows
-        for mode, rows_of in own_rows.items():
-            per_window = cache["stats"][mode]
-            batches = []
-            for b, win in enumerate(current):
-                rows = chunk
-                alpha, visible = cap.alpha[b], cap.visible[b]
-                mine = rows_of[b]
-                if not torch.equal(mine, chunk):
-                    keep = torch.isin(chunk, mine)
-                    if not bool(keep.any()):
-                        continue
-                    idx = torch.nonzero(keep).flatten()
-                    rows = chunk[idx]
-                    idx = idx.to(alpha.device)
-                    alpha = alpha.index_select(1, idx)
-                    if visible.shape[1] != 1:
-                        visible = visible.index_select(1, idx)
-                batches.append(AttentionBatch(
-                    window=int(win.index), layer=int(cap.layer), alpha=alpha.float(),
-                    visible=visible, query_positions=rows.to(alpha.device),
-                    stats=per_window[b], tokens=win.input_ids,
-                ))
-            if batches:
-                if len(own_rows) == 1:
-                    accumulators.update_many(batches)
-                else:
-                    accumulators.update_many(batches, mode)
-        if int(chunk[-1]) == last_row[0]:  # the layer's last chunk: its stats go now, not
-            cache.clear()  # at the next layer (they would sit through this layer's MLP)
-
+    feed = _Feeder(accumulators, stats)
     start = time.perf_counter()
     # query rows in chunks keep every T x T-sized temporary bounded (method §11)
     num_tokens = int(windows[0].input_ids.shape[-1]) if windows else 1
@@ -175,32 +130,90 @@ def stream_windows(
     with torch.inference_mode(), compiling(use_compile), \
             temporaries(kernel_budget(config, layout, num_tokens)):
         for i in range(0, len(windows), config.batch_size):
-            current[:] = windows[i : i + config.batch_size]
-            own_rows.clear()
-            for mode in modes:
-                own_rows[mode] = window_rows(config, current, layout.is_causal, mode)
-            union = torch.unique(torch.cat([r for rows in own_rows.values() for r in rows]))
-            last_row[:] = [int(union[-1])] if union.numel() else [-1]
-            if union.numel() == 0:
-                stats.windows += len(current)
-                if progress is not None:
-                    progress(len(current))
-                continue
-            ids = torch.stack([w.input_ids for w in current]).to(device)
-            cache.clear()
-            with capture_attention(model, consume, query_rows=union.to(device),
-                                   chunk_size=chunk):
-                model(input_ids=ids, attention_mask=torch.ones_like(ids))
-            cache.clear()
-            stats.forward_calls += 1
-            if stats.forward_calls == 1:
-                _check_all_layers(stats, layout)  # fail on the first batch, not the last
+            current = windows[i : i + config.batch_size]
+            union = feed.start(current, {mode: window_rows(config, current, layout.is_causal,
+                                                           mode) for mode in modes})
+            if union.numel():
+                ids = torch.stack([w.input_ids for w in current]).to(device)
+                with capture_attention(model, feed, query_rows=union.to(device),
+                                       chunk_size=chunk):
+                    model(input_ids=ids, attention_mask=torch.ones_like(ids))
+                feed.cache.clear()
+                stats.forward_calls += 1
+                if stats.forward_calls == 1:
+                    _check_all_layers(stats, layout)  # fail on the first batch, not the last
+                stats.tokens += ids.numel()
             stats.windows += len(current)
-            stats.tokens += ids.numel()
             if progress is not None:
                 progress(len(current))
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+class _Feeder:
+    """The capture consumer of one forward batch: each layer's captured rows become one
+    ``AttentionBatch`` per window and query mode, fed to the analyses that read that
+    mode's rows. A layer's value statistics are dropped with its last query chunk, not at
+    the next layer (they would sit through this layer's MLP)."""
+
+    def __init__(self, accumulators, stats: StreamStats) -> None:
+        self.accumulators, self.stats = accumulators, stats
+        self.current: list = []
+        self.own_rows: dict[str, list[torch.Tensor]] = {}  # mode -> each window's rows
+        self.cache: dict[str, object] = {}
+        self.last_row = -1  # the batch's last analysed position: its chunk ends a layer
+
+    def start(self, windows: list, own_rows: dict[str, list[torch.Tensor]]) -> torch.Tensor:
+        """A new batch; returns the union of its rows under every mode."""
+        self.current, self.own_rows = list(windows), own_rows
+        self.cache.clear()
+        union = torch.unique(torch.cat([r for rows in own_rows.values() for r in rows]))
+        self.last_row = int(union[-1]) if union.numel() else -1
+        return union
+
+    def __call__(self, cap) -> None:
+        self.stats.layers_seen.add(cap.layer)
+        key = (cap.layer, id(cap.values))
+        if self.cache.get("key") != key:  # a new layer: the previous layer's stats go
+            self.cache["key"] = key
+            # one ValueStats per mode: its row count picks the metrics' path (direct or
+            # Gram), which must be the same as in a run of that mode alone
+            self.cache["stats"] = {
+                mode: [ValueStats(cap.values[b].float(), queries=len(rows[b]))
+                       for b in range(cap.values.shape[0])]
+                for mode, rows in self.own_rows.items()}
+        for mode, rows_of in self.own_rows.items():
+            batches = self._batches(cap, rows_of, self.cache["stats"][mode])
+            if batches and len(self.own_rows) == 1:
+                self.accumulators.update_many(batches)
+            elif batches:
+                self.accumulators.update_many(batches, mode)
+        if int(cap.query_rows[-1]) == self.last_row:  # the layer's last chunk
+            self.cache.clear()
+
+    def _batches(self, cap, rows_of: list[torch.Tensor], per_window: list) -> list:
+        """Each window's own rows of the captured chunk, as ``AttentionBatch`` objects."""
+        chunk = cap.query_rows
+        batches = []
+        for b, win in enumerate(self.current):
+            rows = chunk
+            alpha, visible = cap.alpha[b], cap.visible[b]
+            mine = rows_of[b]
+            if not torch.equal(mine, chunk):
+                keep = torch.isin(chunk, mine)
+                if not bool(keep.any()):
+                    continue
+                idx = torch.nonzero(keep).flatten()
+                rows = chunk[idx]
+                idx = idx.to(alpha.device)
+                alpha = alpha.index_select(1, idx)
+                if visible.shape[1] != 1:
+                    visible = visible.index_select(1, idx)
+            batches.append(AttentionBatch(
+                window=int(win.index), layer=int(cap.layer), alpha=alpha.float(),
+                visible=visible, query_positions=rows.to(alpha.device),
+                stats=per_window[b], tokens=win.input_ids))
+        return batches
 
 
 def _check_all_layers(stats: StreamStats, layout) -> None:

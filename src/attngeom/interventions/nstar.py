@@ -406,50 +406,19 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
         low, high = _bracket(known, tau, top)
         spare[tau] = 0 if high is None else _halvings(high - low) + (GAMBLE if step ==
                                                                     "interpolate" else 0)
-    # per tau: None (bisecting), or the refinement's base h (then the candidates
-    # max(1, h - refine) .. h - 1 are tried upward); result once decided
-    base: dict[float, int | None] = dict.fromkeys(taus)
-    # per tau: the bracket's width before the last narrowing step, and how many steps in a
-    # row did not halve it
-    width: dict[float, int] = {}
-    slow: dict[float, int] = dict.fromkeys(taus, 0)
-    result: dict[float, int | None] = {} if adaptive else dict(grid_nstar)
+    state = _Narrowing(taus, refine, step, spare,
+                       result={} if adaptive else dict(grid_nstar))
     rounds = 1
-    while len(result) < len(taus):
+    while len(state.result) < len(taus):
         asked: list[int] = []
         for tau in taus:
-            if tau in result:
-                continue
-            if base[tau] is None:
-                low, high = _bracket(known, tau, top)
-                if high is None:  # no endpoint and nothing passes
-                    result[tau] = None
-                    continue
-                if high - low > 1:
-                    if tau in width:  # did the last step at least halve the bracket?
-                        slow[tau] = 0 if 2 * (high - low) <= width[tau] + 1 else slow[tau] + 1
-                    ns = _guarded(low, high, _narrow(known, tau, low, high, step,
-                                                     slow.get(tau, 0), tau not in width),
-                                  spare[tau])
-                    spare[tau] -= len(ns)
-                    asked.extend(ns)
-                    width[tau] = high - low
-                    continue
-                base[tau] = high
-            h = base[tau]
-            for n in range(max(1, h - refine), h):
-                if n not in known:
-                    asked.append(n)
-                    break
-                if _passes(known[n], tau):
-                    result[tau] = n
-                    break
-            else:
-                result[tau] = h
+            if tau not in state.result:
+                asked.extend(state.ask(tau, known, top))
         asked = [n for n in dict.fromkeys(asked) if n not in known]
         if asked:
             record(asked, (yield asked))
             rounds += 1
+    result = state.result
     # a later round (another tau's bisection) may have tried a smaller N that passes
     # this tau where the loss is not monotone: N*_tau is a minimum, so it counts
     nstar = {t: result[t] if result[t] is None else min(result[t], nstar_from(known, t, top))
@@ -458,6 +427,48 @@ def search_rounds(taus: Sequence[float], *, length: int, grid_max: int = 256, re
     return NStarSearch(evaluations=dict(known), nstar=nstar, grid_nstar=grid_nstar,
                        monotone=not notes, notes=tuple(notes), grid=tuple(grid),
                        length=length, rounds=rounds)
+
+
+class _Narrowing:
+    """Where each tau's search stands: ``base`` None while its bracket narrows, else the
+    refinement's base h (the candidates max(1, h - refine) .. h - 1 are tried upward);
+    ``width`` the bracket before the last narrowing step and ``slow`` how many steps in a
+    row did not halve it; ``spare`` the Ns its narrowing may still ask; ``result`` tau ->
+    N*_tau once decided."""
+
+    def __init__(self, taus, refine: int, step: str, spare: dict, result: dict) -> None:
+        self.refine, self.step, self.spare, self.result = refine, step, spare, result
+        self.base: dict[float, int | None] = dict.fromkeys(taus)
+        self.width: dict[float, int] = {}
+        self.slow: dict[float, int] = dict.fromkeys(taus, 0)
+
+    def ask(self, tau: float, known: Mapping[int, float], top: int | None) -> list[int]:
+        """The Ns tau needs next (none once it is decided: ``result[tau]`` is then set)."""
+        if self.base[tau] is None:
+            low, high = _bracket(known, tau, top)
+            if high is None:  # no endpoint and nothing passes
+                self.result[tau] = None
+                return []
+            if high - low > 1:
+                if tau in self.width:  # did the last step at least halve the bracket?
+                    self.slow[tau] = (0 if 2 * (high - low) <= self.width[tau] + 1
+                                      else self.slow[tau] + 1)
+                ns = _guarded(low, high, _narrow(known, tau, low, high, self.step,
+                                                 self.slow.get(tau, 0), tau not in self.width),
+                              self.spare[tau])
+                self.spare[tau] -= len(ns)
+                self.width[tau] = high - low
+                return ns
+            self.base[tau] = high
+        h = self.base[tau]
+        for n in range(max(1, h - self.refine), h):
+            if n not in known:
+                return [n]
+            if _passes(known[n], tau):
+                self.result[tau] = n
+                return []
+        self.result[tau] = h
+        return []
 
 
 def _monotone_notes(known: Mapping[int, float], taus: Sequence[float]) -> list[str]:

@@ -279,6 +279,26 @@ def _describe(names: list[str], limit: int = 5) -> str:
 OVERWRITE_HINT = "pass --overwrite (overwrite=True in Python)"
 
 
+def _refusal(run_dir: Path, manifest, manifest_problem, foreign: list[str], command: str,
+             fingerprint: str, config, overwrite: bool) -> str | None:
+    """Why ``run_dir`` cannot take this run (None: it can): files attngeom did not write
+    (always), another run or unreadable attngeom files (unless ``overwrite``)."""
+    if foreign:
+        what = "" if manifest is None else (
+            "this run and " if _same_run(manifest, command, fingerprint) else "another run and "
+        )
+        return (f"{run_dir} holds {what}files attngeom did not write ({_describe(foreign)}); "
+                "choose an empty or new directory")
+    if overwrite:
+        return None
+    if manifest is not None:
+        return (f"{run_dir} holds a different attngeom run "
+                f"({_how_different(manifest, command, fingerprint, config)}); "
+                f"{OVERWRITE_HINT} to replace it or choose another directory")
+    reason = manifest_problem or f"attngeom files but no {MANIFEST_NAME}"
+    return f"{run_dir} holds {reason}; {OVERWRITE_HINT} to replace it or choose another directory"
+
+
 def prepare_run_dir(
     run_dir, *, command: str, fingerprint: str, overwrite: bool = False,
     check_only: bool = False, config: dict | None = None,
@@ -336,26 +356,10 @@ def prepare_run_dir(
     if manifest is None and not foreign and not overwrite and _resuming(run_dir, command,
                                                                          fingerprint):
         return run_dir  # this very run, unfinished: it resumes from its shards
-    if foreign:
-        what = "" if manifest is None else (
-            "this run and " if _same_run(manifest, command, fingerprint) else "another run and "
-        )
-        raise RunDirError(
-            f"{run_dir} holds {what}files attngeom did not write ({_describe(foreign)}); "
-            "choose an empty or new directory"
-        )
-    if not overwrite:
-        if manifest is not None:
-            raise RunDirError(
-                f"{run_dir} holds a different attngeom run "
-                f"({_how_different(manifest, command, fingerprint, config)}); "
-                f"{OVERWRITE_HINT} to replace it or choose another directory"
-            )
-        reason = manifest_problem or f"attngeom files but no {MANIFEST_NAME}"
-        raise RunDirError(
-            f"{run_dir} holds {reason}; {OVERWRITE_HINT} to replace it "
-            "or choose another directory"
-        )
+    refusal = _refusal(run_dir, manifest, manifest_problem, foreign, command, fingerprint,
+                       config, overwrite)
+    if refusal:
+        raise RunDirError(refusal)
     if check_only:
         return run_dir
     for entry in entries:

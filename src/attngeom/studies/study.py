@@ -319,6 +319,21 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
         ck.known(table, allowed, analysis, what=f"{analysis} option")
         sections[analysis] = table
 
+    filters = _filters(ck, analyses, sections, models, corpora, commands)
+    _check_steps(ck, analyses, filters, sections)
+    cells = _cells(ck, analyses, filters, defaults, models, corpora, analyze_section,
+                   sections)
+    return Study(
+        name=str(name), title=str(head.get("title", name)),
+        description=str(head.get("description", "")), path=path.resolve(),
+        sha256=hashlib.sha256(data).hexdigest(), analyses=analyses, models=models,
+        corpora=corpora, cells=tuple(cells), filters=filters, options=sections,
+    )
+
+
+def _filters(ck: _Checker, analyses, sections, models, corpora, commands) -> dict:
+    """Analysis -> the (models, corpora) it runs on: its section's filters, loss commands
+    on the causal LMs only (an encoder named for one is one line)."""
     filters = {}
     for analysis in analyses:
         table = sections[analysis]
@@ -337,16 +352,7 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
                 raise ck.error(f"{analysis}: no causal LM among the study's models",
                                analysis)
         filters[analysis] = (ms, cs)
-
-    _check_steps(ck, analyses, filters, sections)
-    cells = _cells(ck, analyses, filters, defaults, models, corpora, analyze_section,
-                   sections)
-    return Study(
-        name=str(name), title=str(head.get("title", name)),
-        description=str(head.get("description", "")), path=path.resolve(),
-        sha256=hashlib.sha256(data).hexdigest(), analyses=analyses, models=models,
-        corpora=corpora, cells=tuple(cells), filters=filters, options=sections,
-    )
+    return filters
 
 
 def _check_steps(ck: _Checker, analyses, filters, sections) -> None:

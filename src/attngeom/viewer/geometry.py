@@ -151,32 +151,7 @@ def selection_geometry(alpha: Tensor, values: Tensor, universe: Tensor, ns: Sequ
     top = selection_order(alpha[:tk], vals, univ, rule, nmax, query=query, seed=seed,
                           window=window, layer=layer, head=head)
     stats = ValueStats(vals[None])
-    v64 = stats.values64[0]  # (tk, d)
-    sq = stats.sq_norms[0]
-    norms = stats.norms[0]
-    # the aggregates: a cumulative sum of the selected rows in rule order (direct path)
-    a_top = alpha64.gather(0, top)
-    partial = torch.cumsum(a_top[:, None] * v64.index_select(0, top), dim=0)
-    at = torch.tensor([n - 1 for n in grid.tolist()])
-    s = partial.index_select(0, at)  # (K, d)
-    d = v64.shape[-1]
-    inner = torch.matmul(s.reshape(1, -1, d), v64.transpose(-1, -2)[None]).reshape(
-        len(grid), tk)
-    s2 = (s * s).sum(-1)
-    a = alpha64[None, :]
-    if distance == "euclidean":
-        close = 2.0 * a * inner - a * a * sq[None, :]
-    else:
-        lengths = a_top * norms.gather(0, top)
-        kmask = (torch.arange(nmax)[:, None] < torch.as_tensor(grid)[None, :]).to(torch.float64)
-        scale = (lengths[None, :] * kmask.T).sum(-1)
-        limit = _CANCEL * torch.as_tensor(grid, dtype=torch.float64) * scale * scale
-        degenerate = s2 <= limit
-        s2 = s2.masked_fill(degenerate, 0.0)
-        inner = inner.masked_fill(degenerate[:, None], 0.0)
-        close = a * inner
-        root = s2.clamp_min(0).sqrt()
-        close = close / ((a * norms[None, :]) * root[:, None] + COSINE_EPS)
+    close, s, s2 = _closeness(alpha64, stats, top, grid, distance)
     keys = torch.nonzero(univ).flatten()
     close_u = close[:, keys].numpy()
     s2n = s2.numpy()
@@ -211,6 +186,35 @@ def selection_geometry(alpha: Tensor, values: Tensor, universe: Tensor, ns: Sequ
         aggregate_norm=np.sqrt(np.maximum(s2n, 0.0)), aggregates=s.numpy(),
         precision=m["precision"], recall=m["recall"], f_score=m["f_score"],
         margin=m["margin"], inversions=inversions.astype(np.float64))
+
+
+def _closeness(alpha64: Tensor, stats: ValueStats, top: Tensor, grid: np.ndarray,
+               distance: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(K, tk) closeness scores of every key to each aggregate, the (K, d) aggregates and
+    their (K,) squared norms, with the core's direct path's arithmetic: the aggregates a
+    cumulative sum of the selected rows in rule order, ``<v_u, s_N>`` one product."""
+    v64, sq, norms = stats.values64[0], stats.sq_norms[0], stats.norms[0]
+    nmax, tk = int(grid.max()), alpha64.shape[0]
+    a_top = alpha64.gather(0, top)
+    partial = torch.cumsum(a_top[:, None] * v64.index_select(0, top), dim=0)
+    s = partial.index_select(0, torch.tensor([n - 1 for n in grid.tolist()]))  # (K, d)
+    d = v64.shape[-1]
+    inner = torch.matmul(s.reshape(1, -1, d), v64.transpose(-1, -2)[None]).reshape(
+        len(grid), tk)
+    s2 = (s * s).sum(-1)
+    a = alpha64[None, :]
+    if distance == "euclidean":
+        return 2.0 * a * inner - a * a * sq[None, :], s, s2
+    lengths = a_top * norms.gather(0, top)
+    kmask = (torch.arange(nmax)[:, None] < torch.as_tensor(grid)[None, :]).to(torch.float64)
+    scale = (lengths[None, :] * kmask.T).sum(-1)
+    limit = _CANCEL * torch.as_tensor(grid, dtype=torch.float64) * scale * scale
+    degenerate = s2 <= limit
+    s2 = s2.masked_fill(degenerate, 0.0)
+    inner = inner.masked_fill(degenerate[:, None], 0.0)
+    root = s2.clamp_min(0).sqrt()
+    close = (a * inner) / ((a * norms[None, :]) * root[:, None] + COSINE_EPS)
+    return close, s, s2
 
 
 def _metric_values(n: np.ndarray, intruders: np.ndarray, clears: np.ndarray, cmin: np.ndarray,
