@@ -20,7 +20,8 @@ from attngeom import api
 from attngeom.config import COMMANDS, RunConfig, command, option
 from attngeom.core.protocol import Accumulator
 from attngeom.engine.runner import Command
-from attngeom.names import ANALYSES, RANKERS
+from attngeom.errors import ConfigError
+from attngeom.names import ANALYSES, HEAD_TYPES, RANKERS
 from attngeom.results import schemas
 from attngeom.results.io import read_table
 from attngeom.validate import Integer
@@ -265,3 +266,111 @@ def test_toy_analysis_and_command_run_in_a_study(tiny_llama, toy_analysis, toy_c
     assert len(result.tables[TOY_TABLE]) == 2 * 4
     assert len(result.tables[TOY_COUNTS]) == 3
     assert (tmp_path / "out" / "runs" / "tiny" / "stories" / "toy").is_dir()
+
+
+# --------------------------------------------------------------------------- head score
+
+
+@pytest.fixture
+def toy_head_score():
+    """The head-score recipe: one scoring function and one registration (with its
+    threshold and input) in ``names.HEAD_TYPES``; removed after the test."""
+    from attngeom.core.head_scores import HeadScore, attention_at
+
+    def self_rows(alpha, query_positions, values, tokens, streaming_window):
+        return attention_at(alpha, query_positions, query_positions.to(torch.int64), low=1)
+
+    with HEAD_TYPES.registered("toy_self", HeadScore(self_rows),
+                               meta={"threshold": 0.5, "input": "corpus"}):
+        yield "toy_self"
+
+
+def test_head_score_recipe(tiny_llama, toy_head_score) -> None:
+    """A registered head score rides the analysis' forward (analyze --analyses head_scores
+    and the atlas), gets its threshold's label and its place in the atlas's tables."""
+    from attngeom.capture import capture_attention, load_model
+    from attngeom.corpora.documents import load_windows
+
+    options = dict(n_windows=2, window_length=32, seed=0, progress=False)
+    res = api.analyze(tiny_llama, str(TINYSTORIES_PATH), None, analyses=("head_scores",),
+                      head_stride=4, **options)
+    mine = res["head_scores"].query("score == @toy_head_score")
+    assert len(mine) == 2 * 4 and (mine["threshold"] == 0.5).all()
+    assert (mine["is_type"] == (mine["value"] >= 0.5)).all()
+    # the value is the mean of alpha[t, t] over rows every 4 back from 31, both windows
+    model, tok = load_model(tiny_llama)
+    cfg = api.AnalysisConfig(model=tiny_llama, corpus=str(TINYSTORIES_PATH), **{
+        k: v for k, v in options.items() if k != "progress"})
+    windows, _, _ = load_windows(cfg, tok)
+    rows = torch.arange(31, 0, -4).flip(0)
+    got: dict[int, list] = {}
+    with torch.no_grad(), capture_attention(model, lambda c: got.setdefault(
+            c.layer, []).append(c.alpha[:, :, torch.arange(len(rows)), rows]),
+            query_rows=rows):
+        model(torch.stack([w.input_ids for w in windows]))
+    for layer, parts in got.items():
+        want = torch.cat(parts).double().mean(dim=(0, 2))  # (H,)
+        have = mine[mine["layer"] == layer].sort_values("head")["value"].to_numpy()
+        np.testing.assert_allclose(have, want.numpy(), rtol=1e-6)
+    atlas = api.atlas(tiny_llama, str(TINYSTORIES_PATH), None, n_windows=2, window_length=32,
+                      query_stride=4, n_repeats=1, repeat_length=8, n_needles=1,
+                      needle_length=2, needle_contexts=(32,), bootstrap=0, progress=False)
+    assert toy_head_score in set(atlas["atlas_contingency"]["head_type"])
+    assert toy_head_score in set(atlas["head_scores"]["score"])
+
+
+# --------------------------------------------------------------------------- probe
+
+TOY_PROBE = "toy_probe_loss"
+
+
+def _toy_prepare(ctx):
+    """The probe's inputs, built with the tokenizer before the model loads: one prompt
+    per number word, each checked against the model's positions."""
+    prompts = [ctx.tokenizer(f"Once upon a time there were {w} cats.")["input_ids"]
+               for w in ("two", "three", "four")]
+    limit = ctx.shape.max_positions if ctx.shape is not None else None
+    if limit is not None and max(map(len, prompts)) > limit:
+        raise ConfigError(f"toy: a prompt is longer than {limit} positions")
+    return prompts
+
+
+def _toy_run(ctx):
+    """Each prompt's final-token NLL, one unit per prompt (resumable, shardable)."""
+    from attngeom.engine.runner import Unit
+
+    units = [Unit(i, (i,), ids=(i,)) for i in range(len(ctx.inputs))]
+
+    def process(unit):
+        ids = torch.tensor([ctx.inputs[unit.windows[0]]])
+        with torch.no_grad():
+            logits = ctx.model(ids).logits[0, -2].double()
+        return float(-torch.log_softmax(logits, -1)[ids[0, -1]])
+
+    nll = list(ctx.run_units("toy", units, process, desc="toy probe", unit="prompt"))
+    return {TOY_PROBE: pd.DataFrame({"prompt": range(len(nll)), "nll": nll})}
+
+
+@pytest.fixture
+def toy_probe(monkeypatch):
+    """The probe recipe: a ``Probe`` (prepare, run, settings) registered in
+    ``names.PROBES`` and its table's schema; removed after the test."""
+    from attngeom.names import PROBES
+    from attngeom.probes.competition import Probe
+
+    monkeypatch.setitem(schemas.ROW_KEYS, TOY_PROBE, ("model", "corpus", "prompt"))
+    probe = Probe(_toy_prepare, _toy_run, settings=lambda ctx: {"prompts": len(ctx.inputs)},
+                  record=lambda inputs: {"prompts": len(inputs)})
+    with schemas.SCHEMAS.registered(TOY_PROBE, schemas._cols(schemas._ID + "prompt:i nll:f")), \
+            PROBES.registered("toy", probe):
+        yield "toy"
+
+
+def test_probe_recipe(tiny_llama, toy_probe, tmp_path) -> None:
+    res = api.competition(tiny_llama, None, tmp_path / "toy", probe=toy_probe, progress=False)
+    table = read_table(tmp_path / "toy", TOY_PROBE)
+    assert len(table) == 3 and table["nll"].gt(0).all()
+    settings = dict(zip(res["competition_settings"]["setting"],
+                        res["competition_settings"]["value"], strict=True))
+    assert settings["probe"] == "toy" and settings["prompts"] == "3"
+    assert res.manifest["corpus"]["probe"] == {"name": "toy", "prompts": 3, "seed": 0}

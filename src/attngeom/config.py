@@ -230,6 +230,7 @@ class RunConfig:
         self.check_options()
 
     default_corpus: ClassVar[str] = DEFAULT_CORPUS
+    reads_windows: ClassVar[bool] = True  # the runner cuts the corpus into its windows
 
     def check_options(self) -> None:
         """The checks that read several options at once (a subclass adds its own)."""
@@ -742,6 +743,11 @@ class CompetitionConfig(RunConfig):
     articles."""
 
     default_corpus: ClassVar[str] = "wikitext-2-test"
+    reads_windows: ClassVar[bool] = False  # the probes cut their own prompts
+
+    window_length: int = option(256, check=Integer(2), cli=False,
+                                help="not used: the probes cut their own prompts (qa) and "
+                                "nested windows (context: --lengths)")
 
     corpus: str | None = option(
         None, help="a .txt, .jsonl or .parquet file, a folder of them, asset:NAME, or "
@@ -845,10 +851,6 @@ class CompetitionConfig(RunConfig):
         if self.taus is not None:
             return self.taus
         return (0.10, 0.20) if self.probe == "qa" else (0.01, 0.05, 0.10)
-
-    @property
-    def windows_needed(self) -> int:
-        return 1  # the runner's window check; the probes cut their own prompts
 
     def to_dict(self) -> dict:
         d = super().to_dict()

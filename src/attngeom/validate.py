@@ -347,8 +347,9 @@ class Flags(Check):
 
 class Sizes(Check):
     """Set sizes N (integers >= 1, sorted, duplicates dropped). ``within_window``: no N
-    above the window length (a query sees at most T keys; N = T itself is kept, reported
-    as never valid and counted as skipped, so a default grid fits any window)."""
+    given above the window length (a query sees at most T keys); N = T itself, and the
+    default grid's N above a short window, are kept, reported as never valid and counted
+    as skipped, so the default grid fits any window."""
 
     def __init__(self, *, within_window: bool = False) -> None:
         self.within_window = within_window
@@ -357,11 +358,24 @@ class Sizes(Check):
         return n_grid(value, name)
 
     def against(self, name, value, shape, config) -> None:
+        if _is_default(config, name, value):
+            return  # the default grid fits any window: its N above T count as skipped
         if self.within_window and value and max(value) > config.window_length:
             bad = [n for n in value if n > config.window_length]
             raise ConfigError(f"{name}: expected every N at most the window length "
                               f"{config.window_length} (a query sees at most T keys; valid: "
                               f"1..{config.window_length}), got {bad[0]}")
+
+
+def _is_default(config, name: str, value) -> bool:
+    """Whether option ``name`` of ``config`` holds its declared default."""
+    from dataclasses import MISSING, fields
+
+    for f in fields(config):
+        if f.name == name:
+            default = f.default if f.default is not MISSING else f.default_factory()
+            return value == default
+    return False
 
 
 class Lengths(Check):

@@ -446,7 +446,13 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     tokenizer = given_tok if given_tok is not None else load_tokenizer(config.model)
     from attngeom.corpora.documents import load_windows
 
-    windows, info, policy = load_windows(config, tokenizer)
+    if config.reads_windows:
+        windows, info, policy = load_windows(config, tokenizer)
+    else:  # the command reads its own inputs (``prepare``), which the manifest records
+        from attngeom.corpora.windows import boundary_policy
+
+        windows, info = [], {"name": label_of(config.corpus), "path": str(config.corpus)}
+        policy = boundary_policy(tokenizer, config.doc_boundary, config.boundary_token)
     needed = config.windows_needed
     if spec.loss and needed is not None and len(windows) < needed:
         raise ConfigError(

@@ -96,7 +96,6 @@ class Competition(Command):
                               "scores next tokens")
         probe = PROBES[cfg.probe]
         ctx.inputs = probe.prepare(ctx)
-        ctx.windows = []  # the probe reads its own prompts, not the run's windows
         ctx.corpus_extra["probe"] = {"name": cfg.probe, **probe.record(ctx.inputs)}
 
     def run(self, ctx: RunContext) -> dict:
