@@ -14,7 +14,8 @@ second and only the run imports the heavy code. Each built-in may also carry pla
 fixed part), read with ``meta(name)`` without importing anything.
 
 >>> r = Registry("colour", option="colours", builtins=("red", "green"))
->>> r.register("red", 1); r.register("green", 2); r.names()
+>>> _ = r.register("red", 1), r.register("green", 2)
+>>> r.names()
 ('red', 'green')
 >>> r.get("gren")
 Traceback (most recent call last):

@@ -74,7 +74,7 @@ def _case(seed: int, h=2, g=1, q=3, t=14, d=3, *, dyadic: bool):
 
 
 def test_a_registered_metric_joins_the_names_and_leaves_again(toy_metric):
-    assert METRICS[-1] == "exclusion"
+    assert METRICS.names()[-1] == "exclusion"
     alpha, values, pos = _case(0, dyadic=True)
     res = topn_metrics(alpha, values, (1, 4), query_positions=pos)
     assert res.stacked.shape[0] == len(METRICS) and res.exclusion.shape == res.precision.shape
@@ -126,7 +126,7 @@ def test_toy_metric_comes_out_of_analyze(toy_metric, tmp_path):
     (per window, layer, head, rule, variant, distance and N) and a ``metric`` of
     ``summary.parquet``."""
     import pandas as pd
-    from tests.pipeline.test_boundaries import WORDS, word_tokenizer
+    from tests.engine.test_boundaries import WORDS, word_tokenizer
 
     import attngeom
     from tests.architectures import make_model
