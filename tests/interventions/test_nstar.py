@@ -495,3 +495,34 @@ def test_the_guard_drives_search_rounds_the_same_way():
     direct = search_nstar(Recorder(curve), [tau], length=164)
     assert result.evaluations == direct.evaluations and result.nstar == direct.nstar
     assert result.rounds == rounds == direct.rounds
+
+
+def test_both_rules_give_each_rule_n_star_on_a_non_monotone_curve() -> None:
+    """Where the loss is not monotone the N* depends on the rule: both_rules reports the
+    N each rule gives (equal to that rule's own search), evaluating no N twice; on a
+    monotone curve the other rule is not run (it would give the same N)."""
+    from attngeom.interventions.nstar import both_rules, search_rounds
+
+    def bumpy(n: int) -> float:  # passes at 12 and 16, fails again at 24..40 (the grid's 32)
+        return 0.0 if n in (12, 16) else (0.5 if 24 <= n <= 40 else 1.0 / n)
+
+    curves = {"bumpy": bumpy, "smooth": lambda n: 1.0 / n}
+    taus = (0.05, 0.3)
+    seen: list[tuple] = []
+
+    def measure(rnd, pairs):
+        for key, n in dict.fromkeys(pairs):
+            if (key, n) not in seen:
+                seen.append((key, n))
+        return {(key, n): curves[key](n) for key, n in pairs}
+
+    def make(key, rule):
+        return search_rounds(taus, length=64, step=rule)
+
+    found, rules = both_rules(make, ["bumpy", "smooth"], measure, "interpolate")
+    assert not found["bumpy"].monotone and found["smooth"].monotone
+    for rule in ("bisect", "interpolate"):
+        alone = search_nstar(lambda ns, f=bumpy: [f(n) for n in ns], taus, length=64, step=rule)
+        assert rules["bumpy"][rule] == alone.nstar
+    assert rules["smooth"]["bisect"] == rules["smooth"]["interpolate"] == found["smooth"].nstar
+    assert len(seen) == len(set(seen))

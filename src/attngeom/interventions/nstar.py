@@ -68,7 +68,8 @@ from attngeom.names import STEPS
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["NStarSearch", "bootstrap_nstar", "grid_powers", "lockstep", "nstar_from",
+__all__ = ["NStarSearch", "both_rules", "bootstrap_nstar", "grid_powers", "lockstep",
+           "nstar_from",
            "search_nstar", "search_rounds", "stable_nstar"]
 
 
@@ -491,17 +492,18 @@ def _monotone_notes(known: Mapping[int, float], taus: Sequence[float]) -> list[s
 
 
 def lockstep(searches: Mapping[Hashable, Generator[list[int], Sequence[float], NStarSearch]],
-             measure: Callable[[int, list[tuple[Hashable, int]]], Mapping],
-             ) -> dict[Hashable, NStarSearch]:
+             measure: Callable[[int, list[tuple[Hashable, int]]], Mapping], *,
+             start: int = 0) -> dict[Hashable, NStarSearch]:
     """Run many searches (``search_rounds`` generators, by key) in lockstep: each round
     gathers every unfinished search's next Ns as ``(key, n)`` pairs, and one call of
     ``measure(round, pairs)`` (one pass over the data for all of them: round 0 is every
     search's grid) returns ``{(key, n): delta}``. The one driver of every N* search:
     ``restrict``'s settings, the qa probe's (background, selection) pairs and the
-    context sweep's (length, selection, scoring) triples."""
+    context sweep's (length, selection, scoring) triples. ``start``: the first round's
+    number (rounds of a later set of searches go on from an earlier one's)."""
     asked = {key: next(gen) for key, gen in searches.items()}
     done: dict[Hashable, NStarSearch] = {}
-    rnd = 0
+    rnd = start
     while asked:
         pairs = [(key, n) for key, ns in asked.items() for n in ns]
         deltas = measure(rnd, pairs)
@@ -513,6 +515,28 @@ def lockstep(searches: Mapping[Hashable, Generator[list[int], Sequence[float], N
                 done[key] = finished.value
         asked, rnd = following, rnd + 1
     return {key: done[key] for key in searches}
+
+
+def both_rules(make: Callable[[Hashable, str], Generator], keys: Sequence[Hashable],
+               measure: Callable[[int, list[tuple[Hashable, int]]], Mapping], step: str,
+               ) -> tuple[dict[Hashable, NStarSearch], dict[Hashable, dict[str, dict]]]:
+    """The searches of ``keys`` narrowed by ``step`` (``make(key, step)`` gives one
+    ``search_rounds`` generator) in lockstep; then, where a curve proved non-monotone, the
+    other rule's search of the same key in rounds after them, on the same evaluations
+    (``measure`` must answer an N it has evaluated without evaluating it again: only the
+    Ns the other rule adds cost a pass). Returns the searches, and per key each rule's
+    N*_tau (``{step: {tau: N}}``; where the curve is monotone both rules give the same N,
+    so the other is not run). Where the loss is not monotone N* depends on the rule: the
+    follow-up's is ``bisect``."""
+    found = lockstep({key: make(key, step) for key in keys}, measure)
+    other = next(s for s in STEPS if s != step)
+    redo = [key for key in keys if not found[key].monotone]
+    start = max((found[key].rounds for key in keys), default=0)
+    alt = lockstep({key: make(key, other) for key in redo}, measure, start=start) if redo else {}
+    rules = {key: {step: dict(found[key].nstar),
+                   other: dict((alt[key] if key in alt else found[key]).nstar)}
+             for key in keys}
+    return found, rules
 
 
 def stable_nstar(deltas: Mapping[int, float], tau: float, endpoint: int | None) -> int | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from attngeom.capture import model_layout
 from attngeom.errors import ConfigError
 from attngeom.interventions.gates import remove_heads
-from attngeom.interventions.nstar import NStarSearch, bootstrap_nstar, lockstep, search_rounds
+from attngeom.interventions.nstar import NStarSearch, bootstrap_nstar, both_rules, search_rounds
 from attngeom.interventions.perplexity import (
     NLLResult,
     batch_nll_sum,
@@ -45,6 +45,7 @@ from attngeom.interventions.perplexity import (
     relative_delta,
 )
 from attngeom.interventions.rankers import HeadRanking
+from attngeom.names import STEPS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,7 +91,7 @@ RESTRICT_COLUMNS = (
 NSTAR_COLUMNS = (
     "scope", "layer", "head", "renormalize", "tau", "n_star", "n_star_status", "ranking",
     "grid_n_star", "n_star_low", "n_star_high", "n_evaluated", "search", "monotone", "note",
-    "window_length",
+    "window_length", "n_star_bisect", "n_star_interpolate",
 )  # fmt: skip
 LOCAL_COLUMNS = (
     "scope", "layer", "head", "ranking", "renormalize", "n", "nll", "delta_nll_rel",
@@ -335,6 +336,7 @@ class SearchResult:
     search: NStarSearch
     nll: dict
     docs: dict
+    rules: dict = field(default_factory=dict)  # step -> {tau: N*} (``nstar.both_rules``)
 
 
 def restrict_search(templates: Sequence[Restriction], measure: Measure, *, length: int,
@@ -348,23 +350,33 @@ def restrict_search(templates: Sequence[Restriction], measure: Measure, *, lengt
     N below ``length``) with the base. Delta is the relative delta-NLL of pooled means,
     as in the tables. Returns ``(base_nll, base_docs, results)``.
     """
-    steps = {i: search_rounds(taus, length=length, grid=grid, adaptive=adaptive,
-                              refine=refine, step=step) for i in range(len(templates))}
-    nll: dict[int, dict] = {i: {} for i in steps}
-    docs: dict[int, dict] = {i: {} for i in steps}
+    nll: dict[int, dict] = {i: {} for i in range(len(templates))}
+    docs: dict[int, dict] = {i: {} for i in range(len(templates))}
     base: list = [math.nan, None]
 
     def round_of(rnd: int, pairs: list) -> dict:
-        b, b_docs, got, got_docs = measure(rnd, [templates[i].at(n) for i, n in pairs])
-        if rnd == 0:
-            base[:] = [float(b), np.asarray(b_docs, dtype=np.float64)]
-        for k, (i, n) in enumerate(pairs):
-            nll[i][n], docs[i][n] = float(got[k]), np.asarray(got_docs[k], dtype=np.float64)
+        new = [(i, n) for i, n in dict.fromkeys(pairs) if n not in nll[i]]
+        if new or rnd == 0:  # round 0 measures the base too
+            b, b_docs, got, got_docs = measure(rnd, [templates[i].at(n) for i, n in new])
+            if rnd == 0:
+                base[:] = [float(b), np.asarray(b_docs, dtype=np.float64)]
+            for k, (i, n) in enumerate(new):
+                nll[i][n] = float(got[k])
+                docs[i][n] = np.asarray(got_docs[k], dtype=np.float64)
         return {(i, n): relative_delta(nll[i][n], base[0]) for i, n in pairs}
 
-    done = lockstep(steps, round_of)
-    return base[0], base[1], [SearchResult(templates[i], done[i], nll[i], docs[i])
+    def make(i: int, rule: str):
+        return search_rounds(taus, length=length, grid=grid, adaptive=adaptive, refine=refine,
+                             step=rule)
+
+    done, rules = both_rules(make, list(range(len(templates))), round_of, step)
+    return base[0], base[1], [SearchResult(templates[i], done[i], nll[i], docs[i], rules[i])
                               for i in range(len(templates))]
+
+
+def _number(n: int | None) -> float:
+    """An N* as a float column value: NaN where none was found."""
+    return math.nan if n is None else float(n)
 
 
 def _passes(delta: float, taus: Sequence[float]) -> str:
@@ -405,7 +417,9 @@ def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.nd
                                math.nan if value is None else float(value), status, s.ranking,
                                math.nan if grid_value is None else float(grid_value), low, high,
                                len(found.evaluations), step if adaptive else "grid",
-                               found.monotone, note, int(length)))
+                               found.monotone, note, int(length),
+                               *(_number(r.rules.get(rule, found.nstar).get(float(tau)))
+                                 for rule in STEPS)))
     restrict = pd.DataFrame(rows, columns=list(RESTRICT_COLUMNS))
     restrict = restrict.astype({"layer": "int64", "head": "int64", "n": "int64"})
     nstar = pd.DataFrame(nstar_rows, columns=list(NSTAR_COLUMNS))

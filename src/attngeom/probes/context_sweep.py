@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from attngeom.capture import input_device
 from attngeom.engine.runner import RunContext, Unit
 from attngeom.errors import ConfigError
-from attngeom.interventions.nstar import lockstep, search_rounds, stable_nstar
+from attngeom.interventions.nstar import both_rules, search_rounds, stable_nstar
 from attngeom.interventions.selection import Selection, restriction
+from attngeom.names import STEPS
 
 TAIL = 128
 SCORINGS = ("tail", "all")
@@ -258,15 +259,17 @@ def run_context(ctx: RunContext) -> dict:
         return {((L, s, scoring), n): _relative(cache[(L, s, n)][scoring], base[L][scoring])
                 for (L, s, scoring), n in pairs}
 
-    searches = {(L, s, scoring): search_rounds(taus, length=L, grid_max=L, refine=3,
-                                               step=cfg.step)
-                for L in lengths for s in range(len(inputs.selections)) for scoring in SCORINGS}
-    found = lockstep(searches, measure)
+    keys = [(L, s, scoring) for L in lengths for s in range(len(inputs.selections))
+            for scoring in SCORINGS]
+    found, rules = both_rules(lambda key, rule: search_rounds(taus, length=key[0],
+                                                              grid_max=key[0], refine=3,
+                                                              step=rule),
+                              keys, measure, cfg.step)
     ctx.counts["context_lengths"] = len(lengths)
-    return _context_tables(cfg, inputs, lengths, base, cache, found)
+    return _context_tables(cfg, inputs, lengths, base, cache, found, rules)
 
 
-def _context_tables(cfg, inputs: ContextInputs, lengths, base, cache, found) -> dict:
+def _context_tables(cfg, inputs: ContextInputs, lengths, base, cache, found, rules) -> dict:
     import pandas as pd
 
     taus, n_boot = cfg.effective_taus, cfg.bootstrap
@@ -284,9 +287,11 @@ def _context_tables(cfg, inputs: ContextInputs, lengths, base, cache, found) -> 
                 result = found[(L, s, scoring)]
                 keys = {**common, "length": L, "ranking": sel.ranking, "mode": sel.mode,
                         "scoring": scoring}
-                # every N evaluated for this (length, selection), by either scoring
-                per_n = {n: cache[(L, ss, n)][scoring] for (LL, ss, n) in sorted(cache)
-                         if LL == L and ss == s}
+                # every N the searches of this (length, selection) evaluated, by either
+                # scoring (the other rule's searches of non-monotone curves aside)
+                tried = set(found[(L, s, "tail")].evaluations) | set(
+                    found[(L, s, "all")].evaluations)
+                per_n = {n: cache[(L, s, n)][scoring] for n in sorted(tried)}
                 deltas = {n: _relative(v, base[L][scoring]) for n, v in per_n.items()}
                 rows_curve += [{**keys, "n": n, "delta_rel": d} for n, d in deltas.items()]
                 for tau in taus:
@@ -302,6 +307,8 @@ def _context_tables(cfg, inputs: ContextInputs, lengths, base, cache, found) -> 
                                        "nstar_stable": stable_nstar(deltas, float(tau), L),
                                        "nstar_low": float(low), "nstar_high": float(high),
                                        "evaluations": len(per_n), "search": cfg.step,
+                                       **{f"nstar_{rule}": rules[(L, s, scoring)][rule][
+                                           float(tau)] for rule in STEPS},
                                        "monotone": result.monotone,
                                        "notes": " | ".join(result.notes)})
     nstar = pd.DataFrame(rows_nstar)

@@ -44,10 +44,10 @@ from attngeom.core.stats import bootstrap_mean_ci
 from attngeom.core.support import STATISTICS, contribution_scores, support_statistics
 from attngeom.engine.runner import RunContext, Unit
 from attngeom.errors import ConfigError, RunDirError
-from attngeom.interventions.nstar import lockstep, search_rounds, stable_nstar
+from attngeom.interventions.nstar import both_rules, search_rounds, stable_nstar
 from attngeom.interventions.restriction import WindowIds
 from attngeom.interventions.selection import Selection, restriction
-from attngeom.names import MODEL_RULES
+from attngeom.names import MODEL_RULES, STEPS
 from attngeom.probes import qa
 from attngeom.probes.qa import Candidates, QAExample, answer_loss, candidate_scores, screen
 
@@ -305,14 +305,18 @@ def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dic
     cfg, inputs = ctx.config, ctx.inputs
     taus = cfg.effective_taus
     length = {b: max(e.length for e in v) for b, v in inputs.examples.items()}
-    searches = {(b, s): search_rounds(taus, length=length[b], grid_max=cfg.grid_max,
-                                      refine=3, step=cfg.step)
-                for b in sorted(inputs.examples) for s in range(len(inputs.selections))}
-    losses: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in searches}
-    right: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in searches}
+    keys = [(b, s) for b in sorted(inputs.examples) for s in range(len(inputs.selections))]
+    losses: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in keys}
+    right: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in keys}
 
     def measure(rnd: int, pairs: list) -> dict:
-        asked = sorted({(b, s, n) for (b, s), n in pairs})
+        asked = sorted({(b, s, n) for (b, s), n in pairs if n not in losses[(b, s)]})
+        if asked:
+            _round(rnd, asked)
+        return {((b, s), n): float(np.mean(losses[(b, s)][n] - base[b].loss))
+                for (b, s), n in pairs}
+
+    def _round(rnd: int, asked: list) -> None:
 
         def process(unit: Unit) -> dict:
             b = unit.windows[0]
@@ -337,14 +341,15 @@ def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dic
                                   "this run asks; rerun with --overwrite")
             for s, n in part["asked"]:
                 got.setdefault((b, s, n), []).append(part[(s, n)])
-        out = {}
         for (b, s, n), chunks in got.items():
             losses[(b, s)][n] = np.concatenate([c[0] for c in chunks])
             right[(b, s)][n] = np.concatenate([c[1] for c in chunks])
-            out[((b, s), n)] = float(np.mean(losses[(b, s)][n] - base[b].loss))
-        return out
 
-    found = lockstep(searches, measure)
+    def make(key: tuple, rule: str):
+        return search_rounds(taus, length=length[key[0]], grid_max=cfg.grid_max, refine=3,
+                             step=rule)
+
+    found, rules = both_rules(make, keys, measure, cfg.step)
     rows_curve, rows_nstar = [], []
     for (b, s), result in found.items():
         sel = inputs.selections[s]
@@ -365,6 +370,7 @@ def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dic
                 "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
                 "evaluations": len(result.evaluations), "prompt_tokens_max": length[b],
                 "search": cfg.step, "monotone": result.monotone,
+                **{f"nstar_{rule}": _number(rules[(b, s)][rule][float(tau)]) for rule in STEPS},
                 "notes": " | ".join(result.notes)})
     return {"qa_curve": pd.DataFrame(rows_curve), "qa_nstar": pd.DataFrame(rows_nstar)}
 

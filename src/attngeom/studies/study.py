@@ -53,6 +53,7 @@ from pathlib import Path
 from attngeom.config import COMMANDS, AnalysisConfig, RunConfig, command_spec
 from attngeom.errors import AttngeomError, ConfigError, StudyError
 from attngeom.names import ANALYSES, ANALYSIS_ALIASES
+from attngeom.validate import ModelShape, check_config
 
 STEPS = ("cross_corpus", "geometry_vs_loss")  # computed from the runs' tables
 
@@ -471,7 +472,7 @@ def _models(ck: _Checker, table: dict, check: bool) -> dict:
 def _preset_shape(p) -> dict:
     return {"is_causal": True, "layers": p.layers, "heads": p.heads, "kv_heads": p.kv_heads,
             "head_dim": p.head_dim, "hidden": p.hidden, "vocab": p.vocab,
-            "params_b": p.params_b}
+            "params_b": p.params_b, "max_positions": p.max_positions}
 
 
 def _inspect(model: str) -> dict | None:
@@ -545,6 +546,8 @@ def _cell(ck, command, m, c, models, corpora, defaults, section, extra=None) -> 
                   corpus_label=c)
     try:
         config = cls(**values)
+        if models[m].shape:  # the same checks against the model as a run makes first
+            check_config(config, ModelShape.from_dict(models[m].shape, name=m))
     except ConfigError as e:
         key = str(e).split(":", 1)[0].strip()
         where = origin.get(key)
