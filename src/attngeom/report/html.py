@@ -44,6 +44,9 @@ table.data th, table.data td { border-bottom: 1px solid var(--rule); padding: 3p
                                text-align: right; white-space: nowrap; }
 table.data th { background: var(--bg-alt); font-weight: 600; }
 table.data tbody th { text-align: left; }
+#reference-values td, #reference-unmeasured td { white-space: normal; text-align: left;
+                                                 min-width: 4.5em; max-width: 26em; }
+#reference-values td:nth-child(-n+4) { white-space: nowrap; }
 #table-list td:last-child { white-space: normal; text-align: left; font-size: 12px;
                             color: var(--muted); min-width: 420px; }
 details { margin: 10px 0; }
@@ -74,6 +77,17 @@ def fmt(value, digits: int = 3) -> str:
     if x.is_integer() and abs(x) < 1e6:
         return str(int(x))
     return f"{x:.{digits}g}"
+
+
+def plural(n, word: str, words: str | None = None) -> str:
+    """``1 window``, ``2 windows``, ``1 pass``, ``3 passes`` (``words``: an irregular
+    plural)."""
+    many = words or (word + "es" if word.endswith(("s", "x", "ch", "sh")) else word + "s")
+    try:
+        one = int(n) == 1
+    except (TypeError, ValueError):
+        one = False
+    return f"{fmt(n)} {word if one else many}"
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -206,12 +206,17 @@ def restrict_summary(res) -> str:
 
 def atlas_summary(res) -> str:
     """Heads of each type, then the regime x head type counts (issue 32)."""
+    from attngeom.report.findings import unmeasured_scores
+
     scores = res["head_scores"]
     n_heads = scores[["layer", "head"]].drop_duplicates().shape[0]
+    missing = unmeasured_scores(scores)  # no finite score: not measured, never 0 heads
     typed = (scores[scores["is_type"].astype(bool)].groupby("score").size()
              .reindex(scores["score"].unique(), fill_value=0))
     lines = [f"head types of {n_heads} heads (threshold as published unless given): "
-             + ", ".join(f"{name} {int(k)}" for name, k in typed.items())]
+             + ", ".join(f"{name} {int(k)}" for name, k in typed.items()
+                         if name not in missing)]
+    lines += [f"{name}: {why}" for name, why in missing.items()]
     if "atlas_contingency" in res.tables:
         c = res["atlas_contingency"]
         table = c.pivot_table(index="regime", columns="head_type", values="count",
