@@ -44,9 +44,10 @@ table.data th, table.data td { border-bottom: 1px solid var(--rule); padding: 3p
                                text-align: right; white-space: nowrap; }
 table.data th { background: var(--bg-alt); font-weight: 600; }
 table.data tbody th { text-align: left; }
-#reference-values td, #reference-unmeasured td { white-space: normal; text-align: left;
-                                                 min-width: 4.5em; max-width: 26em; }
-#reference-values td:nth-child(-n+4) { white-space: nowrap; }
+#reference-values th, #reference-values td, #reference-unmeasured th,
+#reference-unmeasured td { text-align: left; vertical-align: top; }
+#reference-values td.wrap, #reference-unmeasured td.wrap { white-space: normal;
+                                                         min-width: 15em; max-width: 24em; }
 #table-list td:last-child { white-space: normal; text-align: left; font-size: 12px;
                             color: var(--muted); min-width: 420px; }
 details { margin: 10px 0; }
@@ -117,16 +118,40 @@ def figure_html(fig_id: str, title: str, caption: str, png: Path, pdf: Path | No
 
 
 def table_html(df, *, index: bool = True, caption: str | None = None,
-               table_id: str | None = None) -> str:
-    """A pandas frame as an escaped, styled HTML table with numbers formatted by ``fmt``."""
+               table_id: str | None = None, wrap=()) -> str:
+    """A pandas frame as an escaped, styled HTML table with numbers formatted by ``fmt``;
+    the cells of the ``wrap`` columns (long text) wrap instead of widening the table."""
     shown = df.copy()
     for column in shown.columns:
         if shown[column].dtype.kind in "fcib":
             shown[column] = shown[column].map(fmt)
     body = shown.to_html(index=index, escape=True, border=0, classes="data", na_rep="n/a")
+    if wrap:
+        body = _wrap_cells(body, [i for i, c in enumerate(shown.columns) if c in wrap],
+                           len(shown.index.names) if index else 0)
     head = f"<h3>{esc(caption)}</h3>" if caption else ""
     attr = f' id="{esc(table_id)}"' if table_id else ""
     return f'{head}<div class="tablewrap"{attr}>{body}</div>'
+
+
+def _wrap_cells(body: str, columns: list[int], n_index: int) -> str:
+    """Mark the ``<td>`` of the given column positions ``class="wrap"`` (a flat table's
+    body rows: ``n_index`` header cells, then one ``<td>`` per column)."""
+    import re
+
+    def row(match):
+        cells = re.split(r"(<td>)", match.group(0))
+        out, k = [], -1
+        for part in cells:
+            if part == "<td>":
+                k += 1
+                out.append('<td class="wrap">' if k in columns else part)
+            else:
+                out.append(part)
+        return "".join(out)
+
+    head, sep, tail = body.partition("<tbody>")
+    return head + sep + re.sub(r"<tr>.*?</tr>", row, tail, flags=re.S) if sep else body
 
 
 def facts_html(pairs) -> str:

@@ -173,28 +173,41 @@ def _paper_model_text(models: str, size: str) -> str:
     return f"{who} ({size})" if size and size != "?" else who
 
 
+def _lengths(text: str) -> str:
+    """``256,512,1024,2048`` -> ``256..2048 (4)``; ``-`` where there is no L."""
+    values = [x for x in str(text or "").split(",") if x]
+    if len(values) > 1:
+        return f"{values[0]}..{values[-1]} ({len(values)})"
+    return values[0] if values else "-"
+
+
+REFERENCE_WRAP = ("quantity and setting", "what differs", "note")
+
+
 def reference_table(ref) -> pd.DataFrame:
     """The measured rows of ``reference_values`` as the report shows them: the verdict,
     both models with their sizes and both window lengths first (the first screen), then
     the value, ours, and what differs."""
     rows = ref[ref["kind"].isin(list(_VERDICT_ORDER))].copy()
     rows["order"] = rows["kind"].map(_VERDICT_ORDER)
-    rows = rows.sort_values(["order", "model", "location", "corpus"], kind="stable")
+    keys = ["order", *(["paper_order"] if "paper_order" in rows.columns else []),
+            "model", "corpus"]
+    rows = rows.sort_values(keys, kind="stable")  # within a verdict, the paper's order
     out = pd.DataFrame({
         "verdict": rows["kind"],
         "our model": [f"{m} ({s})" for m, s in zip(rows["model"], rows["our_size"],
                                                     strict=True)],
         "paper's model": [_paper_model_text(m, s) for m, s in
                           zip(rows["paper_models"], rows["paper_size"], strict=True)],
-        "L ours / paper": [f"{a or '-'} / {b or '-'}" for a, b in
+        "L ours / paper": [f"{_lengths(a)} / {_lengths(b)}" for a, b in
                            zip(rows["our_length"], rows["paper_length"], strict=True)],
-        "corpus ours / paper": [f"{a} / {b}" for a, b in
-                                zip(rows["corpus"], rows["paper_corpus"], strict=True)],
-        "quantity": rows["quantity"],
-        "setting": rows["params"].map(setting_text),
         "published": rows["published_text"],
         "ours": rows["measured"],
         "ours - published": rows["difference"],
+        "quantity and setting": [f"{q}: {setting_text(p)}" for q, p in
+                                 zip(rows["quantity"], rows["params"], strict=True)],
+        "corpus ours / paper": [f"{a} / {b}" for a, b in
+                                zip(rows["corpus"], rows["paper_corpus"], strict=True)],
         "what differs": rows["differs"].replace("", "-"),
         "where": rows["location"],
         "note": rows["quote"],
@@ -256,7 +269,8 @@ def _references_section(tables: dict, unavailable: dict) -> str:
                 f"{int(kinds.get('context', 0))} more are shown as context, with what "
                 "differs (sizes are parameter counts; a paper's range over its models is "
                 "never a match).</p>")
-            parts.append(table_html(shown, index=False, table_id="reference-values"))
+            parts.append(table_html(shown, index=False, table_id="reference-values",
+                                    wrap=REFERENCE_WRAP))
         rest = ref[ref["kind"] == "not measured"]
         if len(rest):
             cols = ["model", "corpus", "quantity", "published_text", "setting",
@@ -266,7 +280,8 @@ def _references_section(tables: dict, unavailable: dict) -> str:
                          "models in settings this study did not run</summary>" + table_html(
                              rest[cols].rename(columns={"published_text": "published",
                                                         "quote": "note"}),
-                             index=False, table_id="reference-unmeasured") + "</details>")
+                             index=False, table_id="reference-unmeasured",
+                             wrap=("setting", "note")) + "</details>")
     elif ref is not None and len(ref):
         shown = ref.set_index(["model", "corpus", "quantity", "params"])[
             ["published", "measured", "source", "location", "quote"]]
@@ -377,10 +392,12 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
         pr = pr.assign(order=pr["order"].fillna("").astype(str))
         mean = pr.groupby(["model", "corpus", "ranker", "order", "keep_fraction"],
                           as_index=False)["perplexity"].mean()
+        wide = keyed(mean, ["model", "corpus", "ranker", "order"], "keep_fraction",
+                     "perplexity", "pruning")
+        wide = wide[sorted(wide.columns, reverse=True)]
+        wide.columns = [f"keep {fmt(c)}" for c in wide.columns]
         out.append(("Pruning: perplexity by ranker (and taxonomy order) and fraction of heads "
-                    "kept (mean over seeds)", keyed(
-                        mean, ["model", "corpus", "ranker", "order"], "keep_fraction",
-                        "perplexity", "pruning")))
+                    "kept (mean over seeds)", wide))
     hs = tables.get("head_scan")
     if hs is not None and len(hs):
         critical = hs[hs["critical"].astype(bool)]  # only heads marked critical

@@ -147,7 +147,7 @@ REFERENCE_COLUMNS = ["model", "corpus", "quantity", "params", "published", "meas
                      "source", "location", "quote", "kind", "relation", "published_low",
                      "published_high", "published_text", "difference", "paper_models",
                      "our_setting", "paper_corpus", "differs", "our_size", "paper_size",
-                     "our_length", "paper_length"]
+                     "our_length", "paper_length", "paper_order"]
 # the settings a small model is shown against (qa and context: the competition probes)
 _CONTEXT_PROTOCOLS = ("fixed", "geometry", "context", "qa")
 _PROBE_PROTOCOLS = ("context", "qa")  # read from the competition probes' tables
@@ -550,6 +550,7 @@ def _row(ref, study, tables, model, corpora, measured, low=None, high=None, mode
         "paper_corpus": ref.corpus, "differs": "; ".join(differs),
         "our_size": our_size, "paper_size": paper_size,
         "our_length": ours.get("L", ""), "paper_length": paper.get("L", ""),
+        "paper_order": next((i for i, r in enumerate(refs) if r is ref), -1),
     }
 
 
@@ -570,7 +571,8 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
     Otherwise ``kind = "context"`` and ``differs`` lists what is not alike (``"L: 64 vs
     1024"``), beside ``our_size`` / ``paper_size`` (parameters) and ``our_length`` /
     ``paper_length``; ``published`` is the model's own value where the paper ran it
-    (NaN for a range) and ``difference`` stays NaN.
+    (NaN for a range) and ``difference`` stays NaN. ``paper_order`` is the value's
+    place in ``references`` (the paper's order, for the report).
     """
     from attngeom.studies.references import ANY_MODEL
 
