@@ -548,8 +548,9 @@ class _ReferenceTable:
         rv = tables["reference_values"]
         for _labels, cells in shown.rows:
             row = dict(zip(cols, cells, strict=True))
-            model = row["our model"].split(" (")[0]
-            ours_corpus, paper_corpus = row["corpus ours / paper"].split(" / ")
+            model = row["ours: model (size), corpus"].split(" (")[0]
+            ours_corpus = row["ours: model (size), corpus"].rsplit(", ", 1)[1]
+            paper_corpus = row["paper's: model (size), corpus"].rsplit(", ", 1)[1]
             quantity = row["quantity and setting"].split(":")[0]
             where = row["where"]
             verdict, differs = row["verdict"], row["what differs"]
@@ -578,7 +579,7 @@ class _ReferenceTable:
                 out.add(f"reference row {model}/{where}/{quantity}: ours {row['ours']!r}, "
                         f"our tables give {text(mine)!r}")
             preset = self.presets.get(model)
-            if row["paper's model"].startswith(f"{preset} ("):  # the model's own value
+            if row["paper's: model (size), corpus"].startswith(f"{preset} ("):  # its own
                 want = _published(R.REFERENCES, preset, paper_corpus, quantity, **p)
                 if want is not None and row["published"] != f"{want:g}":
                     out.add(f"reference row {model}/{where}/{quantity} on {paper_corpus}: "

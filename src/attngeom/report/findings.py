@@ -479,7 +479,7 @@ def atlas_findings(head_scores, contingency, kappa, label: str = "") -> list[str
     return out
 
 
-def _mark_unmeasured(table, missing: dict[str, str]):
+def mark_unmeasured(table, missing: dict[str, str]):
     """Every column of an unmeasured head type reads "not measured", never 0 or n/a."""
     table = table.copy()
     for name in missing:
@@ -495,16 +495,16 @@ def atlas_tables(head_scores, contingency, kappa, fn) -> list[tuple[str, pd.Data
     if head_scores is not None:
         wide = keyed(head_scores, ["model", "corpus", "layer", "head"], "score", "value",
                      "head_scores")
-        out.append((f"Head scores (one row per head){why}", _mark_unmeasured(wide, missing)))
+        out.append((f"Head scores (one row per head){why}", mark_unmeasured(wide, missing)))
     if contingency is not None and len(contingency):
         t = keyed(contingency, ["model", "corpus", "regime"], "head_type", "count",
                   "atlas_contingency")
         out.append((f"Heads by regime and head type (counts){why}",
-                    _mark_unmeasured(t, missing)))
+                    mark_unmeasured(t, missing)))
     if kappa is not None and len(kappa):
         t = keyed(kappa, ["model", "corpus", "regime"], "head_type", "kappa", "atlas_kappa")
         out.append((f"Cohen's kappa of each regime against each head type{why}",
-                    _mark_unmeasured(t, missing)))
+                    mark_unmeasured(t, missing)))
     if fn is not None and len(fn):
         shown = fn[~fn["head_type"].isin(list(missing))]
         out.append(("F_N of each head type's heads against their random control "

@@ -47,7 +47,8 @@ table.data tbody th { text-align: left; }
 #reference-values th, #reference-values td, #reference-unmeasured th,
 #reference-unmeasured td { text-align: left; vertical-align: top; }
 #reference-values td.wrap, #reference-unmeasured td.wrap { white-space: normal;
-                                                         min-width: 15em; max-width: 24em; }
+                                                         min-width: 22em; max-width: 34em; }
+#reference-values td.narrow { white-space: normal; min-width: 11em; max-width: 15em; }
 #table-list td:last-child { white-space: normal; text-align: left; font-size: 12px;
                             color: var(--muted); min-width: 420px; }
 details { margin: 10px 0; }
@@ -118,25 +119,27 @@ def figure_html(fig_id: str, title: str, caption: str, png: Path, pdf: Path | No
 
 
 def table_html(df, *, index: bool = True, caption: str | None = None,
-               table_id: str | None = None, wrap=()) -> str:
+               table_id: str | None = None, wrap=(), narrow=()) -> str:
     """A pandas frame as an escaped, styled HTML table with numbers formatted by ``fmt``;
-    the cells of the ``wrap`` columns (long text) wrap instead of widening the table."""
+    the cells of the ``wrap`` columns (long text) wrap instead of widening the table, those
+    of the ``narrow`` columns wrap within a narrow width (class names of the page's CSS)."""
     shown = df.copy()
     for column in shown.columns:
         if shown[column].dtype.kind in "fcib":
             shown[column] = shown[column].map(fmt)
     body = shown.to_html(index=index, escape=True, border=0, classes="data", na_rep="n/a")
-    if wrap:
-        body = _wrap_cells(body, [i for i, c in enumerate(shown.columns) if c in wrap],
-                           len(shown.index.names) if index else 0)
+    for names, css in ((wrap, "wrap"), (narrow, "narrow")):
+        if names:
+            body = _wrap_cells(body, [i for i, c in enumerate(shown.columns) if c in names],
+                               css)
     head = f"<h3>{esc(caption)}</h3>" if caption else ""
     attr = f' id="{esc(table_id)}"' if table_id else ""
     return f'{head}<div class="tablewrap"{attr}>{body}</div>'
 
 
-def _wrap_cells(body: str, columns: list[int], n_index: int) -> str:
-    """Mark the ``<td>`` of the given column positions ``class="wrap"`` (a flat table's
-    body rows: ``n_index`` header cells, then one ``<td>`` per column)."""
+def _wrap_cells(body: str, columns: list[int], css: str) -> str:
+    """Mark the ``<td>`` of the given column positions (counted among a body row's
+    ``<td>``, after its header cells) with ``class="css"``."""
     import re
 
     def row(match):
@@ -145,7 +148,7 @@ def _wrap_cells(body: str, columns: list[int], n_index: int) -> str:
         for part in cells:
             if part == "<td>":
                 k += 1
-                out.append('<td class="wrap">' if k in columns else part)
+                out.append(f'<td class="{css}">' if k in columns else part)
             else:
                 out.append(part)
         return "".join(out)

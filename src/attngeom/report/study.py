@@ -182,6 +182,7 @@ def _lengths(text: str) -> str:
 
 
 REFERENCE_WRAP = ("quantity and setting", "what differs", "note")
+REFERENCE_NARROW = ("ours: model (size), corpus", "paper's: model (size), corpus")
 
 
 def reference_table(ref) -> pd.DataFrame:
@@ -195,10 +196,13 @@ def reference_table(ref) -> pd.DataFrame:
     rows = rows.sort_values(keys, kind="stable")  # within a verdict, the paper's order
     out = pd.DataFrame({
         "verdict": rows["kind"],
-        "our model": [f"{m} ({s})" for m, s in zip(rows["model"], rows["our_size"],
-                                                    strict=True)],
-        "paper's model": [_paper_model_text(m, s) for m, s in
-                          zip(rows["paper_models"], rows["paper_size"], strict=True)],
+        "ours: model (size), corpus": [
+            f"{m} ({z}), {c}" for m, z, c in zip(rows["model"], rows["our_size"],
+                                                 rows["corpus"], strict=True)],
+        "paper's: model (size), corpus": [
+            f"{_paper_model_text(m, z)}, {c}" for m, z, c in
+            zip(rows["paper_models"], rows["paper_size"], rows["paper_corpus"],
+                strict=True)],
         "L ours / paper": [f"{_lengths(a)} / {_lengths(b)}" for a, b in
                            zip(rows["our_length"], rows["paper_length"], strict=True)],
         "published": rows["published_text"],
@@ -206,8 +210,6 @@ def reference_table(ref) -> pd.DataFrame:
         "ours - published": rows["difference"],
         "quantity and setting": [f"{q}: {setting_text(p)}" for q, p in
                                  zip(rows["quantity"], rows["params"], strict=True)],
-        "corpus ours / paper": [f"{a} / {b}" for a, b in
-                                zip(rows["corpus"], rows["paper_corpus"], strict=True)],
         "what differs": rows["differs"].replace("", "-"),
         "where": rows["location"],
         "note": rows["quote"],
@@ -270,7 +272,7 @@ def _references_section(tables: dict, unavailable: dict) -> str:
                 "differs (sizes are parameter counts; a paper's range over its models is "
                 "never a match).</p>")
             parts.append(table_html(shown, index=False, table_id="reference-values",
-                                    wrap=REFERENCE_WRAP))
+                                    wrap=REFERENCE_WRAP, narrow=REFERENCE_NARROW))
         rest = ref[ref["kind"] == "not measured"]
         if len(rest):
             cols = ["model", "corpus", "quantity", "published_text", "setting",

@@ -206,7 +206,7 @@ def restrict_summary(res) -> str:
 
 def atlas_summary(res) -> str:
     """Heads of each type, then the regime x head type counts (issue 32)."""
-    from attngeom.report.findings import unmeasured_scores
+    from attngeom.report.findings import mark_unmeasured, unmeasured_scores
 
     scores = res["head_scores"]
     n_heads = scores[["layer", "head"]].drop_duplicates().shape[0]
@@ -219,8 +219,8 @@ def atlas_summary(res) -> str:
     lines += [f"{name}: {why}" for name, why in missing.items()]
     if "atlas_contingency" in res.tables:
         c = res["atlas_contingency"]
-        table = c.pivot_table(index="regime", columns="head_type", values="count",
-                              aggfunc="sum", fill_value=0)
+        table = mark_unmeasured(c.pivot(index="regime", columns="head_type",
+                                        values="count"), missing)
         lines.append("heads by regime (rows) and head type (columns; a head may have "
                      "several types)\n" + table.to_string())
     return _join(*caveats(res), *lines)
@@ -280,7 +280,7 @@ def format_protocol(record: dict) -> list[str]:
                           ("bootstrap", "bootstrap replicates"),
                           ("effective_repeats", "random-control repeats")):
             if key in p:
-                value = "every" if p[key] is None else p[key]
-                parts.append(f"{value} {what}")
+                value = "all" if p[key] is None else p[key]
+                parts.append(f"{value} {what[:-1] if value == 1 else what}")
         lines.append(f"{cmd}: {', '.join(parts)}")
     return lines

@@ -520,7 +520,7 @@ def _row(ref, study, tables, model, corpora, measured, low=None, high=None, mode
     differs = []
     if not same_model:
         theirs = (f"{paper_models[0]}" if len(paper_models) == 1
-                  else f"the paper's {len(paper_models)} models")
+                  else f"{len(paper_models)} models")
         differs.append(f"model: {model} ({our_size}) vs {theirs} ({paper_size})")
     if ref.setting.get("protocol") != "qa" and _corpus_labels(study, ref.corpus) != \
             sorted(corpora):
