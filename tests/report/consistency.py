@@ -231,16 +231,18 @@ class Problems:
         self.lines.append(line)
 
 
-def _select(df: pd.DataFrame, wanted: dict) -> pd.DataFrame:
+def select(df: pd.DataFrame, wanted: dict) -> pd.DataFrame:
+    """The rows of ``df`` whose columns hold the wanted values (numbers as numbers, text
+    as shown); none where a column is missing."""
     for column, want in wanted.items():
         if column not in df.columns:
             return df.iloc[0:0]
-        df = df[[same(str(want), v) if isinstance(want, str) else _eq(v, want)
+        df = df[[same(str(want), v) if isinstance(want, str) else close(v, want)
                  for v in df[column]]]
     return df
 
 
-def _eq(a, b) -> bool:
+def close(a, b) -> bool:
     try:
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
     except (TypeError, ValueError):
@@ -294,7 +296,7 @@ def check_cells(spec: Cells, shown: ShownTable, match, tables: dict, out: Proble
                 continue
             out.counts["cells"] += 1
             wanted, value = got
-            sub = _select(rows, wanted)
+            sub = select(rows, wanted)
             if getattr(value, "single", False) and len(sub) != 1:
                 out.add(f"{name}: row {labels} column {header!r} names {len(sub)} rows of "
                         f"{spec.source} (a cell must be one setting)")

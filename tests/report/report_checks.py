@@ -22,10 +22,12 @@ from tests.report.consistency import (
     Cells,
     Sentence,
     ci_text,
+    close,
     expect,
     one,
     reduced,
     same,
+    select,
     text,
     treatment,
 )
@@ -179,18 +181,7 @@ COMPETITION_TABLES = [
 
 def _rows(tables, name, **eq):
     df = tables.get(name)
-    if df is None:
-        return None
-    for k, v in eq.items():
-        df = df[[same(str(v), x) if isinstance(v, str) else _close(x, v) for x in df[k]]]
-    return df
-
-
-def _close(a, b) -> bool:
-    try:
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-    except (TypeError, ValueError):
-        return a == b
+    return None if df is None else select(df, eq)
 
 
 def _ci_words(rows) -> str | None:
@@ -412,7 +403,7 @@ def _published(refs, preset, paper_corpus, quantity, **setting):
     these keys, no others but the ones every such value carries), or None."""
     found = [r for r in refs if r.model == preset and r.corpus == paper_corpus
              and r.quantity == quantity and "n_star_rule" not in r.setting
-             and all(k in r.setting and _close(r.setting[k], v) for k, v in setting.items())]
+             and all(k in r.setting and close(r.setting[k], v) for k, v in setting.items())]
     return found[0].value if len(found) == 1 else None
 
 
@@ -432,7 +423,7 @@ def study_checks(tables, presets: dict, corpora: dict) -> list:
                         & (rv["quantity"] == "n_star") & rv["published"].notna()].itertuples():
                 p = json.loads(v.params)
                 if p.get("protocol") == "context" and "n_star_rule" not in p \
-                        and "tau" in p and _close(p["tau"], r.tau) \
+                        and "tau" in p and close(p["tau"], r.tau) \
                         and p.get("window_length") == r.length \
                         and p["ranking"] == r.ranking \
                         and p["scoring"] == ("tail128" if r.scoring == "tail" else "all") \

@@ -470,9 +470,9 @@ def competition_support(g: Group):
         "Support under competition",
         "At the answer query of the qa probe: the attention mass on the supporting "
         "sentence and its displacement (non-support tokens ranked at or above a support "
-        "token) against the tokens of background text, over all, correctly and "
-        "incorrectly answered episodes (mean over heads; bootstrap intervals over "
-        "episodes).", ("qa_support_summary",), draw)
+        "token by attention weight) against the tokens of background text, over all, "
+        "correctly and incorrectly answered episodes (mean over heads; bootstrap "
+        "intervals over episodes).", ("qa_support_summary",), draw)
 
 
 @figure("competition_recall_map", "competition")
@@ -495,5 +495,6 @@ def competition_recall_map(g: Group):
 
     return Plot(
         "Support recall by layer and head",
-        "Share of the supporting sentence's tokens among each head's top 64 keys at the "
-        "answer query, with the least and the most background.", ("qa_support",), draw)
+        "Share of the supporting sentence's tokens among each head's top 64 keys by "
+        "attention weight at the answer query (all episodes), with the least and the most "
+        "background.", ("qa_support",), draw)

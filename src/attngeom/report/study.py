@@ -19,16 +19,7 @@ from attngeom.errors import RunDirError
 from attngeom.figures.study import STUDY_FIGURES
 from attngeom.figures.style import DPI, save
 from attngeom.report.findings import keyed, main_rows, main_setting
-from attngeom.report.html import (
-    esc,
-    facts_html,
-    figure_html,
-    fmt,
-    json_details,
-    page,
-    plural,
-    table_html,
-)
+from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
 from attngeom.results.io import read_table
 from attngeom.results.schemas import TABLE_NAMES
 
@@ -89,6 +80,8 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
                        "".join(f'<p class="note">{esc(n)}</p>' for n in notes)))
     body = "".join(f'<section id="{esc(a)}"><h2>{esc(h)}</h2>{c}</section>'
                    for a, h, c in blocks)
+    from attngeom.report.html import plural
+
     subtitle = " | ".join(x for x in (
         plural(len(record.get('cells', [])), "run"), f"created {record.get('created', '?')}",
         f"attngeom {record.get('attngeom_version', '?')}") if x)
