@@ -146,11 +146,12 @@ def format_nstar(res) -> str:
     if "ranking" in cells.columns and cells["ranking"].nunique() > 1:
         table = cells.pivot_table(index="tau", columns=["ranking", "renormalize"],
                                   values="value", aggfunc="first")
-        table.columns = [f"{r} renormalised={c}" for r, c in table.columns]
+        table.columns = [f"{r} {'renormalised' if c else 'deleted'}"
+                         for r, c in table.columns]
     else:
         table = cells.pivot_table(index="tau", columns="renormalize", values="value",
                                   aggfunc="first")
-        table.columns = [f"renormalised={c}" for c in table.columns]
+        table.columns = ["renormalised" if c else "deleted" for c in table.columns]
     table.index.name = "tau"
     return "N*_tau (smallest N whose relative delta-NLL stays within tau)\n" + table.to_string()
 
