@@ -76,3 +76,41 @@ def test_checks_catch_a_broken_page(browser, tmp_path):
     assert [image["ok"] for image in page.images] == [False]
     assert any("boom" in e for e in page.console_errors)
     assert any("undefinedFunction" in e for e in page.console_errors)
+
+
+FIRST_SCREEN = """
+(() => {
+  const section = document.getElementById('references');
+  window.scrollTo(0, section.getBoundingClientRect().top + window.scrollY);
+  const wrap = document.getElementById('reference-values');
+  const edge = Math.min(window.innerWidth, wrap.getBoundingClientRect().left
+                        + wrap.clientWidth);
+  const heads = Array.from(wrap.querySelectorAll('thead th'));
+  const first = wrap.querySelector('tbody tr');
+  return JSON.stringify({edge: edge, height: window.innerHeight,
+    row: first.getBoundingClientRect().bottom,
+    heads: heads.map(h => [h.textContent, h.getBoundingClientRect().right])});
+})()
+"""
+
+
+def test_published_values_first_screen_says_what_is_compared(browser, tmp_path):
+    """At 1400 px the section's first screen shows, without scrolling, the verdict, both
+    models with their sizes and corpora, and both window lengths (issue 38)."""
+    import json
+
+    from attngeom.report.study import build_study_report
+    from tests.report import report_synth as rs
+
+    root = rs.write_study(tmp_path / "study", rs.study_tables())
+    index = build_study_report(root, formats=("png",))
+    page = inspect_page(browser, index.as_uri(), user_data_dir=tmp_path / "profile",
+                        screenshot=None, width=1400, height=900,
+                        expressions=[FIRST_SCREEN])
+    assert page.console_errors == []
+    got = json.loads(page.values[0])
+    right = dict(got["heads"])
+    for head in ("verdict", "ours: model (size), corpus", "paper's: model (size), corpus",
+                 "L ours / paper", "published", "ours"):
+        assert right[head] <= got["edge"], (head, right[head], got["edge"])
+    assert got["row"] <= got["height"]

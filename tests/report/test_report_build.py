@@ -58,11 +58,11 @@ def test_findings_are_the_tables_numbers(full_run, write_run):
     s = pd.read_parquet(run / "summary.parquet")
     row = s[(s.scope == "model") & (s.rule == "attention") & (s.variant == "full")
             & (s.metric == "f_score") & (s.n == 2)].iloc[0]
-    assert (f"F-score at N = 2: attention-selected sets {fmt(row['mean'])} "
-            f"(95% CI {fmt(row.ci_low)} to {fmt(row.ci_high)})") in html
+    assert (f"F-score at N = 2 (Euclidean, whole model): attention-selected sets "
+            f"{fmt(row['mean'])} (95% CI {fmt(row.ci_low)} to {fmt(row.ci_high)})") in html
     assert "Of 16 heads: 4 Retrievers (25%), 8 Mixers (50%), 4 Resets (25%)." in html
     assert "1 of 16 heads are critical (threshold 0.1): layer 0 head 2 (2.5)." in html
-    assert "at tau = 0.1 (renormalised, whole model): 8." in html
+    assert "at tau = 0.1 (attention ranking, renormalised, whole model): 8." in html
 
 
 def test_partial_run_reports_what_it_has(tmp_path, write_run):

@@ -122,15 +122,17 @@ def test_a_restriction_without_rankings_is_attention():
 # --------------------------------------------------------------------------- references
 
 
-def _study(models: dict, corpora: dict, window_length=1024):
-    """A stand-in for ``studies.study.Study``: labels -> preset (or None), corpora."""
+def _study(models: dict, corpora: dict, window_length=1024, step="bisect", protocol="fixed"):
+    """A stand-in for ``studies.study.Study``: labels -> preset (or None), corpora; one
+    restrict cell per model and corpus (``step``: how its integer search narrows)."""
     m = {label: SimpleNamespace(preset=SimpleNamespace(name=p) if p else None)
          for label, p in models.items()}
     c = {label: SimpleNamespace(corpus=corpus) for label, corpus in corpora.items()}
-    cfg = SimpleNamespace(window_length=window_length, document_protocol="fixed",
-                          n_documents=50)
-    cells = [SimpleNamespace(model=label, corpus=corpus, command="restrict", config=cfg)
-             for label in models for corpus in corpora]
+    cfg = SimpleNamespace(window_length=window_length, document_protocol=protocol,
+                          n_documents=50, search="adaptive", refine=3, step=step)
+    cells = [SimpleNamespace(model=label, corpus=corpus, command=command, config=cfg)
+             for label in models for corpus in corpora
+             for command in ("restrict", "restrict-local")]
     return SimpleNamespace(models=m, corpora=c,
                            cells_of=lambda cmd: [x for x in cells if x.command == cmd])
 
@@ -140,18 +142,24 @@ def _nstar(model, corpus, tau, value, ranking="attention", renorm=False):
             "renormalize": renorm, "tau": tau, "n_star": float(value), "ranking": ranking}
 
 
+_QWEN_NSTAR = [_nstar("qwen", "owt", 0.05, 35), _nstar("qwen", "wt", 0.05, 30),
+               _nstar("qwen", "owt", 0.05, 20, renorm=True),
+               _nstar("qwen", "owt", 0.05, 40, ranking="contribution")]
+
+
 def test_the_same_model_and_setting_is_a_match_with_its_difference():
     study = _study({"qwen": "qwen-2.5-7b"}, {"owt": "openwebtext", "wt": "wikitext-103"})
-    nstar = pd.DataFrame([_nstar("qwen", "owt", 0.05, 35), _nstar("qwen", "wt", 0.05, 30),
-                          _nstar("qwen", "owt", 0.05, 20, renorm=True),
-                          _nstar("qwen", "owt", 0.05, 40, ranking="contribution")])
+    nstar = pd.DataFrame(_QWEN_NSTAR)
     gl = pd.DataFrame([{"model": "qwen", "corpus": "owt+wt", "distance": "cosine",
                         "rule": "attention", "variant": "full", "metric": "f_score",
                         "renormalize": False, "n_points": 6, "ns": "8,16,32,64,128,256",
                         "spearman": 0.9, "n_min": 8, "averaged": True, "n_corpora": 2}])
     rv = reference_values(study, {"restrict_nstar": nstar, "geometry_loss": gl},
                           refs.REFERENCES)
-    assert set(rv["kind"]) == {"match"} and set(rv["model"]) == {"qwen"}
+    assert set(rv["model"]) == {"qwen"}
+    measured = rv[rv["kind"] != "not measured"]
+    assert set(measured["kind"]) == {"match"} and (measured["differs"] == "").all()
+    assert rv[rv["kind"] == "not measured"]["measured"].isna().all()
 
     def one(**kw):
         sel = rv
@@ -163,6 +171,8 @@ def test_the_same_model_and_setting_is_a_match_with_its_difference():
             & rv["params"].str.contains('"tau": 0.05')]
     att = t2[t2["params"].str.contains('"ranking": "attention"')].iloc[0]
     assert (att.published, att.measured, att.difference) == (33, 35, 2)
+    assert (att.our_length, att.paper_length) == ("1024", "1024")
+    assert att.our_size == att.paper_size == "7.62B"  # the preset's published count
     con = t2[t2["params"].str.contains('"ranking": "contribution"')].iloc[0]
     assert (con.published, con.measured, con.difference) == (31, 40, 9)
     ren = one(location="Table 9 (App. E.1)")
@@ -173,11 +183,45 @@ def test_the_same_model_and_setting_is_a_match_with_its_difference():
     t1 = t1[t1["params"].str.contains('"distance": "cosine"')
             & t1["params"].str.contains('"n_min": 8')].iloc[0]
     assert t1.published == pytest.approx(0.943) and t1.measured == 0.9
-    assert t1.difference == pytest.approx(0.9 - 0.943)
+    assert t1.difference == pytest.approx(0.9 - 0.943) and t1.kind == "match"
     # a setting the study did not run is listed, not measured
     tail = one(location="Table 4 (App. C.4)")
     assert len(tail) and tail["measured"].isna().all() and tail["difference"].isna().all()
+    assert set(tail["kind"]) == {"not measured"}
     assert "L = 1024, fixed windows, 50 documents" in att.our_setting
+
+
+@pytest.mark.parametrize("change, differs", [
+    (dict(window_length=64), "L: 64 vs 1024"),
+    (dict(protocol="stream"), "windows: documents joined vs one per document"),
+    (dict(step=None), "N* search: integer by interpolation, refine 3 vs integer by "
+                      "bisection, refine 3"),
+])
+def test_the_paper_model_in_another_setting_is_context_saying_what_differs(change, differs):
+    study = _study({"qwen": "qwen-2.5-7b"}, {"owt": "openwebtext", "wt": "wikitext-103"},
+                   **change)
+    rv = reference_values(study, {"restrict_nstar": pd.DataFrame(_QWEN_NSTAR)},
+                          refs.REFERENCES)
+    measured = rv[rv["measured"].notna()]
+    assert len(measured) == 4 and set(measured["kind"]) == {"context"}
+    assert (measured["differs"] == differs).all()
+    # the model's own published value stays beside ours; no difference is taken
+    att = measured[(measured["location"] == "Table 2 (App. C.3)")
+                   & (measured["corpus"] == "owt")
+                   & measured["params"].str.contains('"ranking": "attention"')].iloc[0]
+    assert (att.published, att.measured) == (33, 35) and math.isnan(att.difference)
+
+
+def test_a_spearman_over_fewer_sizes_is_context():
+    study = _study({"qwen": "qwen-2.5-7b"}, {"owt": "openwebtext", "wt": "wikitext-103"})
+    gl = pd.DataFrame([{"model": "qwen", "corpus": "owt+wt", "distance": "euclidean",
+                        "rule": "attention", "variant": "full", "metric": "f_score",
+                        "renormalize": False, "n_points": 5, "ns": "1,2,4,8,16",
+                        "spearman": 0.5, "n_min": 1, "averaged": True, "n_corpora": 2}])
+    rv = reference_values(study, {"geometry_loss": gl}, refs.REFERENCES)
+    row = rv[rv["measured"].notna()].iloc[0]
+    assert row.kind == "context" and math.isnan(row.difference)
+    assert row.differs == "N range: 1..16 (5 sizes) vs 1..256 (9 sizes)"
 
 
 def test_a_model_the_paper_did_not_run_gets_its_range_as_context_never_a_match():
@@ -192,9 +236,14 @@ def test_a_model_the_paper_did_not_run_gets_its_range_as_context_never_a_match()
     assert (row.published_low, row.published_high, row.measured) == (12, 226, 9)
     assert row.published_text == "12-226" and "gemma-7b" in row.paper_models
     assert len(row.paper_models.split(",")) == 9
+    # what differs, with the sizes: Qwen-2.5-1.5B (1.54B) .. Mistral-Small-24B (24B)
+    assert row.differs.startswith("model: tiny (?) vs 9 models (1.24B-23.6B); "
+                                  "L: 64 vs 1024")
+    smol = rv[(rv["model"] == "smol") & (rv["location"] == "Table 2 (App. C.3)")].iloc[0]
+    assert smol.our_size == "135M" and smol.paper_size == "1.24B-23.6B"
+    assert (smol.our_length, smol.paper_length) == ("64", "1024")
     # only settings we measured are shown as context
     assert set(rv["quantity"]) == {"n_star"}
-    assert (rv["model"] == "smol").any()
 
 
 def test_a_study_without_a_matching_corpus_shows_nothing():
@@ -216,7 +265,7 @@ def test_the_localised_values_read_the_mean_of_per_document_increases():
     e3 = rv[rv["location"] == "App. E.3"].set_index("quantity")
     layer = rv[(rv["location"] == "App. E.3") & rv["params"].str.contains('"scope": "layer"')]
     head = rv[(rv["location"] == "App. E.3") & rv["params"].str.contains('"head": 12')]
-    assert len(e3) == 2
+    assert len(e3) == 2 and set(e3["kind"]) == {"match"}
     assert layer.iloc[0].measured == 0.7 and layer.iloc[0].difference == pytest.approx(-0.009)
     assert head.iloc[0].measured == 0.6 and head.iloc[0].difference == pytest.approx(-0.021)
 

@@ -33,13 +33,15 @@ def _study(models: dict, corpora: dict, probes: dict):
 
 
 def _qa_run(**kw):
+    """A qa run on BABILong's qa1 rows (the paper's questions) unless ``babilong=None``."""
     return {"probe": "qa", "backgrounds": (0, 1024, 4096), "n_episodes": 60,
-            "prompt_format": "plain", "grid_max": 256, "babilong": None, **kw}
+            "prompt_format": "plain", "grid_max": 256, "babilong": "1k", **kw}
 
 
 def _context_run(tail=128, **kw):
+    """A context sweep whose integer search bisects (``step``), as the paper's does."""
     return {"probe": "context", "lengths": (256, 512, 1024, 2048), "tail": tail,
-            "n_documents": 50, **kw}
+            "n_documents": 50, "step": "bisect", **kw}
 
 
 def _frame(name: str, rows: list[dict]) -> pd.DataFrame:
@@ -137,7 +139,7 @@ def qa_study():
 
 def test_qa_nstar_matches_at_the_same_background_and_tau(qa_study):
     rv = qa_study
-    t6 = _pick(rv, location="Table 6 (Sec. 3.3)", kind="match")
+    t6 = _pick(rv, location="Table 6 (Sec. 3.3)")
     assert set(t6["corpus"]) == {"wiki"} and set(t6["paper_corpus"]) == {"babilong-qa1"}
     zero = _pick(t6, background="0K").iloc[0]
     # the grid estimate (64), not the refined integer (57): the paper's are grid values
@@ -148,8 +150,10 @@ def test_qa_nstar_matches_at_the_same_background_and_tau(qa_study):
     for bg in ("2K", "4K"):
         row = _pick(t6, background=bg).iloc[0]
         assert math.isnan(row.measured) and math.isnan(row.difference)
-    assert "generated qa1, 60 episodes" in zero.our_setting
+        assert row.kind == "not measured"
+    assert "BABILong 1k" in zero.our_setting
     assert "background 0,1024,4096 tokens" in zero.our_setting
+    assert zero.kind == "match" and zero.differs == ""
     # Table 10: renormalised, tau in nats
     t10 = _pick(rv, location="Table 10 (App. E.1)", ranking="attention")
     r = _pick(t10, tau_nats=0.1, background="4K").iloc[0]
@@ -159,6 +163,17 @@ def test_qa_nstar_matches_at_the_same_background_and_tau(qa_study):
     # 0.20 nat at 4K was not run
     r = _pick(t10, tau_nats=0.2, background="4K").iloc[0]
     assert math.isnan(r.measured)
+
+
+def test_generated_questions_are_context_for_babilongs():
+    study = _study({"qwen": "qwen-2.5-7b"}, {"wiki": "asset:wikitext-2-test"},
+                   {("qwen", "wiki"): [_qa_run(babilong=None)]})
+    rv = reference_values(study, {"qa_nstar": _frame("qa_nstar", [
+        _qa_nstar("qwen", "wiki", 0, 0.10, 64)])}, refs.REFERENCES)
+    row = _pick(rv, location="Table 6 (Sec. 3.3)", background="0K").iloc[0]
+    assert (row.kind, row.published, row.measured) == ("context", 32, 64)
+    assert row.differs == "questions: generated qa1 vs BABILong qa1"
+    assert math.isnan(row.difference) and "generated qa1, 60 episodes" in row.our_setting
 
 
 def test_qa_ratios_answers_and_support_statistics(qa_study):
@@ -278,6 +293,17 @@ def test_context_nstar_matches_at_the_same_length_scoring_and_tau(context_tables
     assert "L = 256,512,1024,2048, final 128 targets" in smallest.our_setting
     # the ratio at 2048 / 256 needs both corpora (a two-corpus range): WT lacks them
     assert not (rv["quantity"] == "n_star_ratio").any()
+
+
+def test_an_interpolating_search_is_context_for_the_papers_bisection(context_tables):
+    study = _study({"qwen": "qwen-2.5-7b"}, {"owt": "openwebtext"},
+                   {("qwen", "owt"): [_context_run(step=None)]})
+    rv = reference_values(study, context_tables, refs.REFERENCES)
+    row = _pick(rv, location="Tables 3 and 4 (Sec. 3.2, App. C.4)", window_length=1024,
+                corpus="owt").iloc[0]
+    assert (row.kind, row.published, row.measured) == ("context", 43, 50)
+    assert row.differs == "N* search: integer by interpolation vs integer by bisection"
+    assert (row.our_length, row.paper_length) == ("1024", "1024")
 
 
 def test_a_shorter_tail_is_not_tail128(context_tables):

@@ -179,3 +179,49 @@ def test_the_real_frame_is_flat():
     df = refs.references_frame()
     assert len(df) == len(REFERENCES)
     assert df["value"].notna().sum() == sum(r.value is not None for r in REFERENCES)
+
+
+# The extract's Table 2 marks 16 cells "(g)". Its note pins five of them with other
+# passages (C.3 quotes Llama-2-7B's attention 85 and 101; C.5's contribution maximum
+# 120 is the WT cell since OWT's is 107; Table 9 repeats Gemma-7B's contribution 227 and
+# 205); the rest (Gemma-2-9B's OWT split, the shifted Llama-2-7B attention row, the
+# merged "10 11", Mistral-Small-24B's OWT 31 under C.5's 39) are only most likely.
+CONFIRMED = {("llama-2-7b", "attention", OWT, 0.05), ("llama-2-7b", "attention", WT, 0.05),
+             ("mistral-small-24b", "contribution", WT, 0.01),
+             ("gemma-7b", "contribution", OWT, 0.05), ("gemma-7b", "contribution", OWT, 0.10)}
+MOST_LIKELY = ({("gemma-2-9b", r, OWT, t) for r in ("attention", "contribution")
+                for t in (0.05, 0.10)}
+               | {("llama-2-7b", "attention", c, t) for c in (OWT, WT) for t in (0.01, 0.10)}
+               | {("llama-3.2-1b", "contribution", WT, 0.10),
+                  ("llama-3-8b", "attention", WT, 0.10),
+                  ("mistral-small-24b", "contribution", OWT, 0.05)})
+
+
+def test_garbled_table2_cells_say_how_far_the_text_confirms_them():
+    assert len(CONFIRMED) + len(MOST_LIKELY) == 16 and not CONFIRMED & MOST_LIKELY
+    for r in _find(where="Table 2 (App. C.3)"):
+        key = (r.model, r.setting["ranking"], r.corpus, r.setting["tau"])
+        if key in CONFIRMED:
+            assert r.note.startswith("reconstructed: confirmed by the text ("), r
+        elif key in MOST_LIKELY:
+            assert r.note.startswith("reconstructed: most likely ("), r
+        else:
+            assert r.note == "", r
+
+
+def test_no_published_value_is_stored_twice():
+    seen = Counter((r.source, r.model, r.corpus, r.quantity, tuple(sorted(r.params)),
+                    r.is_range) for r in REFERENCES if r.quantity != "statement")
+    assert [k for k, n in seen.items() if n > 1] == []
+    # App. C.4's contribution 74 / 503 / 56 at L = 2048 are Table 4's cells, kept once
+    contr = _find(quantity="n_star", ranking="contribution", window_length=2048, tau=0.05,
+                  scoring="tail128", corpus=OWT)
+    assert sorted(r.value for r in contr) == [56, 74, 503]
+    assert {r.where for r in contr} == {"Table 4 (App. C.4)"}
+    # E.2's "about 19-29-fold" is one statement over tau 5% and 10%
+    assert len(_find(where="App. E.2")) == 1
+
+
+def test_a_stated_maximum_is_a_value_not_a_bound():
+    parity = _find(where="App. C.4", quantity="nll_max_abs_diff")[0]
+    assert (parity.relation, parity.value, parity.shown()) == ("=", 5.76e-7, "5.76e-07")

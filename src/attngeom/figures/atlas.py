@@ -9,6 +9,7 @@ type (lines) and, where the table has them, of each regime (dashed), from
 
 from __future__ import annotations
 
+import matplotlib as mpl
 import numpy as np
 
 from attngeom.errors import ConfigError
@@ -30,14 +31,25 @@ def _need(df, table: str, columns: tuple[str, ...]) -> None:
         raise ConfigError(f"expected columns {missing} in the {table} table")
 
 
+def unmeasured_types(head_scores) -> tuple[str, ...]:
+    """Head types no head has a score for (e.g. retrieval when no needle was recovered):
+    left out of the figures, where their zero heads would read as measured."""
+    if head_scores is None or not len(head_scores):
+        return ()
+    finite = head_scores.groupby("score", sort=False)["value"].apply(lambda v: v.notna().any())
+    return tuple(str(k) for k, ok in finite.items() if not ok)
+
+
 @styled
-def fig_atlas_contingency(contingency, *, ax=None) -> Drawn:
+def fig_atlas_contingency(contingency, *, exclude=(), ax=None) -> Drawn:
     """Regimes (rows) x head types (columns): share of the regime's heads of each type.
 
     ``Drawn.data["share"]`` is the (regimes, types) array drawn, ``data["count"]`` the
-    head counts written in the cells; a head can be of several types or none.
+    head counts written in the cells; a head can be of several types or none. Types in
+    ``exclude`` (not measured: ``unmeasured_types``) are not drawn.
     """
     _need(contingency, "atlas_contingency", ("regime", "head_type", "count", "share_of_regime"))
+    contingency = contingency[~contingency["head_type"].isin(list(exclude))]
     ax = style.axes_or_new(ax, height=2.4)
     regimes = list(dict.fromkeys(contingency["regime"]))
     types = list(dict.fromkeys(contingency["head_type"]))
@@ -62,9 +74,11 @@ def fig_atlas_contingency(contingency, *, ax=None) -> Drawn:
 
 
 @styled
-def fig_atlas_depth(depth, *, ax=None) -> Drawn:
-    """Share of heads of each head type (solid) and regime (dashed) against depth."""
+def fig_atlas_depth(depth, *, exclude=(), ax=None) -> Drawn:
+    """Share of heads of each head type (solid) and regime (dashed) against depth; head
+    types in ``exclude`` (not measured) are not drawn."""
     _need(depth, "atlas_depth", ("layer", "kind", "name", "share"))
+    depth = depth[~((depth["kind"] == "head_type") & depth["name"].isin(list(exclude)))]
     ax = style.axes_or_new(ax)
     lines = {}
     for (kind, name), grp in depth.groupby(["kind", "name"], sort=False):
@@ -78,6 +92,7 @@ def fig_atlas_depth(depth, *, ax=None) -> Drawn:
                           marker="o", markersize=2.5)
         lines[label] = line
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("share of the layer's heads")
     ax.set_ylim(-0.02, 1.02)
     legend = ax.legend(fontsize=6, ncol=2, frameon=False)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attngeom.figures import style
-from attngeom.figures.atlas import fig_atlas_contingency, fig_atlas_depth
+from attngeom.figures.atlas import fig_atlas_contingency, fig_atlas_depth, unmeasured_types
 from attngeom.figures.bounds import fig_bounds
 from attngeom.figures.competition import (
     fig_nstar_vs_length,
@@ -345,13 +345,27 @@ def restrict(g: Group):
     table, nstar = g.get("restrict"), g.get("restrict_nstar")
     if table is None:
         return None
+    rankings = (list(dict.fromkeys(table["ranking"].astype(str)))
+                if "ranking" in table.columns else ["attention"])
+    order = ("attention", "contribution", "random")
+    rankings = sorted(rankings, key=lambda r: (order.index(r) if r in order else 9, r))
+
+    def draw():
+        fig, axes = style.new_figure(style.COLUMN_WIDTH * len(rankings), 2.6,
+                                     ncols=len(rankings), squeeze=False)
+        for ax, ranking in zip(axes[0], rankings, strict=True):
+            fig_restrict(table, nstar, ranking=ranking if len(rankings) > 1 else None,
+                         ax=ax, **g.sel)
+            ax.set_title(f"top-N by {ranking}", fontsize="small")
+        return fig
+
     return Plot(
         "Top-N restriction of attention",
-        "Relative change in NLL when every query keeps only its N largest attention "
-        "entries, with and without renormalisation; diamonds mark the effective set size "
-        "N*_tau at height tau.",
-        ("restrict",) + (("restrict_nstar",) if nstar is not None else ()),
-        _single(fig_restrict, style.COLUMN_WIDTH, 2.6, table, nstar, **g.sel))
+        "Relative change in NLL when every query keeps only its N highest-ranked keys, one "
+        "panel per ranking (attention weight, contribution alpha ||v||, or a seeded random "
+        "order), deleted (the rest set to zero) or renormalised; diamonds mark the "
+        "effective set size N*_tau at height tau.",
+        ("restrict",) + (("restrict_nstar",) if nstar is not None else ()), draw)
 
 
 @figure("restrict_local", "local_restriction")
@@ -385,13 +399,23 @@ def atlas_contingency(g: Group):
     table = g.get("atlas_contingency")
     if table is None or not len(table):
         return None
+    missing = unmeasured_types(g.get("head_scores"))
     return Plot(
         "Head types by regime",
         "Share of each regime's heads that are of each head type (the field's "
         "previous-token, duplicate-token, induction, echo, sink, streaming and retrieval "
         "heads at their published thresholds), the number of heads in each cell; a head "
-        "can be of several types or of none.", ("atlas_contingency",),
-        _single(fig_atlas_contingency, style.COLUMN_WIDTH * 1.3, 2.6, table))
+        "can be of several types or of none." + _unmeasured_words(missing),
+        ("atlas_contingency",),
+        _single(fig_atlas_contingency, style.COLUMN_WIDTH * 1.3, 2.6, table,
+                exclude=missing))
+
+
+def _unmeasured_words(missing) -> str:
+    if not missing:
+        return ""
+    names = ", ".join(m.replace("_", "-") for m in missing)
+    return f" Not drawn: {names} (no head could be scored; see the head-score table)."
 
 
 @figure("atlas_depth", "atlas")
@@ -399,11 +423,12 @@ def atlas_depth(g: Group):
     table = g.get("atlas_depth")
     if table is None or not len(table):
         return None
+    missing = unmeasured_types(g.get("head_scores"))
     return Plot(
         "Head types and regimes by depth",
         "Per layer, the share of heads of each head type (solid) and of each regime "
-        "(dashed).", ("atlas_depth",),
-        _single(fig_atlas_depth, style.COLUMN_WIDTH * 1.3, 2.6, table))
+        "(dashed)." + _unmeasured_words(missing), ("atlas_depth",),
+        _single(fig_atlas_depth, style.COLUMN_WIDTH * 1.3, 2.6, table, exclude=missing))
 
 
 @figure("competition_nstar_length", "competition")
@@ -447,9 +472,9 @@ def competition_support(g: Group):
         "Support under competition",
         "At the answer query of the qa probe: the attention mass on the supporting "
         "sentence and its displacement (non-support tokens ranked at or above a support "
-        "token) against the tokens of background text, over all, correctly and "
-        "incorrectly answered episodes (mean over heads; bootstrap intervals over "
-        "episodes).", ("qa_support_summary",), draw)
+        "token by attention weight) against the tokens of background text, over all, "
+        "correctly and incorrectly answered episodes (mean over heads; bootstrap "
+        "intervals over episodes).", ("qa_support_summary",), draw)
 
 
 @figure("competition_recall_map", "competition")
@@ -472,5 +497,6 @@ def competition_recall_map(g: Group):
 
     return Plot(
         "Support recall by layer and head",
-        "Share of the supporting sentence's tokens among each head's top 64 keys at the "
-        "answer query, with the least and the most background.", ("qa_support",), draw)
+        "Share of the supporting sentence's tokens among each head's top 64 keys by "
+        "attention weight at the answer query (all episodes), with the least and the most "
+        "background.", ("qa_support",), draw)

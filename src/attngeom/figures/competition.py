@@ -18,8 +18,9 @@ from attngeom.figures import style
 from attngeom.figures._common import draw_layer_head_map, layer_head_grid, pick
 from attngeom.figures.style import Drawn, styled
 
+# axis labels: short enough for a 2.6-inch axis (the captions define each statistic)
 STAT_LABELS = {
-    "displacement": "displacement (non-support tokens at or above a support token)",
+    "displacement": "support displacement",
     "mass": "support attention mass",
     "recall": "support recall@64",
     "outranking": "outranking probability",
@@ -91,6 +92,17 @@ def fig_support_vs_background(qa_support_summary, *, statistic: str = "mass",
     if statistic == "displacement" and (rows["mean"] > 0).all():
         ax.set_yscale("log")
         style.plain_log_ticks(ax.yaxis)
+    elif statistic in ("mass", "recall", "outranking"):  # shares: never below 0
+        ax.set_ylim(0.0, max(ax.get_ylim()[1], 1e-3))
+    # ticks at the backgrounds the probe ran (one background alone would otherwise get
+    # matplotlib's +-0.04 around it)
+    backgrounds = sorted({int(b) for b in rows["background"]})
+    if backgrounds:
+        ax.set_xticks(backgrounds)
+        ax.set_xticklabels([str(b) for b in backgrounds])
+        if len(backgrounds) == 1:
+            half = max(backgrounds[0], 64) / 2
+            ax.set_xlim(backgrounds[0] - half, backgrounds[0] + half)
     ax.set_xlabel("background (tokens)")
     ax.set_ylabel(STAT_LABELS.get(statistic, statistic))
     if legend and drawn.lines:

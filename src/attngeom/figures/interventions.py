@@ -110,14 +110,15 @@ _RANKING_COLORS = {"attention": ("#0072B2", "#D55E00"), "contribution": ("#009E7
 
 
 @styled
-def fig_restrict(restrict, nstar=None, *, model=None, corpus=None, ax=None,
+def fig_restrict(restrict, nstar=None, *, model=None, corpus=None, ranking=None, ax=None,
                  legend: bool = True) -> Drawn:
-    """Relative delta-NLL against N when attention keeps only its top-N entries.
+    """Relative delta-NLL against N when each query keeps only its top-N entries.
 
     Model-scope rows of ``restrict.parquet`` (one line per ``renormalize``, and per
-    ranking where there are several); a run with only per-layer or per-head restriction
-    is drawn as the mean over those. Every N the search tried is a point. With
-    ``nstar`` (``restrict_nstar.parquet``), N*_tau is marked at height tau.
+    ranking where there are several; ``ranking`` draws one); a run with only per-layer
+    or per-head restriction is drawn as the mean over those. Every N the search tried
+    is a point; the N axis is labelled at powers of two. With ``nstar``
+    (``restrict_nstar.parquet``), N*_tau is marked at height tau.
     ``Drawn.lines`` keyed ``"renormalised"`` / ``"not renormalised"`` for the attention
     ranking, ``"contribution, renormalised"`` etc. for the others (prefixed with the
     scope when it is not ``model``).
@@ -128,6 +129,8 @@ def fig_restrict(restrict, nstar=None, *, model=None, corpus=None, ax=None,
     rows = rows[rows["scope"] == scope]
     if "ranking" not in rows.columns:
         rows = rows.assign(ranking="attention")
+    if ranking is not None:
+        rows = pick(rows, "restrict", ranking=ranking)
     rankings = [r for r in _RANKING_COLORS if r in set(rows["ranking"])]
     rankings += sorted(set(rows["ranking"]) - set(rankings))
     drawn = Drawn(ax=ax)

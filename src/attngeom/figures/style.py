@@ -154,7 +154,12 @@ def set_n_axis(ax, ns) -> None:
     ax.set_xlabel(N_LABEL)
     if ns.size and ns.min() >= 1 and ns.max() / ns.min() >= 8:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ns if ns.size <= 8 else ns[:: int(np.ceil(ns.size / 8))])
+        # labels at powers of two only: the integer N a search adds between them would
+        # print over each other (32, 36, 40, 45, 51)
+        ticks = np.array([2 ** k for k in range(int(np.log2(ns.max())) + 1)
+                          if ns.min() <= 2 ** k <= ns.max()])
+        ticks = ticks if ticks.size >= 2 else ns
+        ax.set_xticks(ticks if ticks.size <= 8 else ticks[:: int(np.ceil(ticks.size / 8))])
         ax.xaxis.set_major_formatter(mpl.ticker.ScalarFormatter())
         ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
     elif ns.size:

@@ -22,6 +22,7 @@ from attngeom.report.html import (
     fmt,
     json_details,
     page,
+    plural,
     table_html,
 )
 
@@ -141,7 +142,9 @@ def render_html(run: RunTables, figures: list[RenderedFigure], notes: list[str],
     sentences = _findings(run, summary)
     if sentences:
         items = "".join(f"<li>{esc(s)}</li>" for s in sentences)
-        blocks.append(("findings", "Findings", f'<ul class="findings">{items}</ul>'))
+        groups = run.groups()
+        about = (f" ({groups[0][0]} on {groups[0][1]})" if len(groups) == 1 else "")
+        blocks.append(("findings", f"Findings{about}", f'<ul class="findings">{items}</ul>'))
 
     def frame(name):
         return summary if name == "summary" else run.get(name)
@@ -250,8 +253,9 @@ def _manifest_section(run: RunTables) -> str:
         if model.get("sha256"):
             facts.append(("model sha256", model["sha256"]))
     if corpus:
-        facts.append(("corpus", f"{corpus.get('name', '?')}: {fmt(corpus.get('n_windows'))} "
-                                f"windows of {fmt(corpus.get('window_length'))} tokens"))
+        facts.append(("corpus", f"{corpus.get('name', '?')}: "
+                                f"{plural(corpus.get('n_windows'), 'window')} of "
+                                f"{fmt(corpus.get('window_length'))} tokens"))
         if corpus.get("sha256"):
             facts.append(("corpus sha256", corpus["sha256"]))
     if "seed" in m:

@@ -29,6 +29,27 @@ def main_rows(summary):
     return rows
 
 
+def main_setting(rows) -> str:
+    """The setting of ``main_rows`` in words: ``Euclidean, whole model``."""
+    distance = str(rows["distance"].iloc[0]) if len(rows) else "euclidean"
+    return f"{distance.capitalize()}, whole model"
+
+
+def keyed(df, index, columns, values, what: str):
+    """``df`` pivoted with exactly one row per cell: a table of the report never
+    averages rows its labels do not tell apart (several rows for one cell raise,
+    naming the table and the keys)."""
+    keys = [*index, *([columns] if isinstance(columns, str) else columns)]
+    dup = df.duplicated(keys, keep=False)
+    if dup.any():
+        from attngeom.errors import RunDirError
+
+        first = df.loc[dup, keys].iloc[0].to_dict()
+        raise RunDirError(f"{what}: several rows for {first}; expected one per "
+                          f"{', '.join(keys)}")
+    return df.pivot(index=index, columns=columns, values=values)
+
+
 def _pick_n(rows):
     nontrivial = rows[~rows["trivial"].astype(bool)]
     return int(nontrivial["n"].min()) if len(nontrivial) else None
@@ -48,23 +69,25 @@ def separability_findings(summary, model_label: str = "") -> list[str]:
     n = _pick_n(rows)
     if n is None:
         return out
+    setting = main_setting(rows)
     for pick_n in sorted({n, int(rows["n"].max())}):
         at = rows[(rows["n"] == pick_n) & (rows["metric"] == "f_score")].set_index("rule")
         if "attention" not in at.index:
             continue
-        text = (f"{model_label}F-score at N = {pick_n}: attention-selected sets "
+        text = (f"{model_label}F-score at N = {pick_n} ({setting}): attention-selected sets "
                 f"{_ci(at.loc['attention'])}")
         if "random" in at.index:
             text += f", random sets {_ci(at.loc['random'])}"
         if "contribution" in at.index:
             text += f", contribution-ranked {_ci(at.loc['contribution'])}"
         out.append(text + ".")
+    distance = rows["distance"].iloc[0]
     full = summary[(summary["scope"] == "model") & (summary["rule"] == "attention")
-                   & (summary["metric"] == "f_score") & (summary["n"] == n)]
-    by_variant = full.groupby("variant")["mean"].mean()
-    if {"full", "no_sink"} <= set(by_variant.index):
+                   & (summary["metric"] == "f_score") & (summary["n"] == n)
+                   & (summary["distance"] == distance)].set_index("variant")["mean"]
+    if {"full", "no_sink"} <= set(full.index):
         out.append(f"{model_label}Excluding the sink from the universe moves attention F at "
-                   f"N = {n} from {fmt(by_variant['full'])} to {fmt(by_variant['no_sink'])}.")
+                   f"N = {n} ({setting}) from {fmt(full['full'])} to {fmt(full['no_sink'])}.")
     return out
 
 
@@ -79,10 +102,10 @@ def separability_tables(summary) -> list[tuple[str, pd.DataFrame]]:
         fmt(m) if not (np.isfinite(lo) and np.isfinite(hi))
         else f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]"
         for m, lo, hi in rows[["mean", "ci_low", "ci_high"]].itertuples(index=False)])
-    table = cell.pivot_table(index=["model", "corpus", "metric", "rule"], columns="n",
-                             values="value", aggfunc="first")
+    table = keyed(cell, ["model", "corpus", "metric", "rule"], "n", "value", "summary")
     table.columns = [f"N={c}" for c in table.columns]
-    return [("Model-wide P, R and F by rule and N (mean [95% CI])", table)]
+    return [(f"Model-wide P, R and F by rule and N ({main_setting(rows)}; mean [95% CI])",
+             table)]
 
 
 def sink_findings(sink, model_label: str = "") -> list[str]:
@@ -132,10 +155,12 @@ def sink_token_findings(sink_tokens, model_label: str = "") -> list[str]:
 def sink_tables(sink, sink_tokens) -> list[tuple[str, pd.DataFrame]]:
     out = []
     if sink is not None:
+        sink = sink[sink["n"] == sink["n"].min()]  # one row per head (the same at every N)
         per_layer = sink.groupby(["model", "corpus", "layer"]).agg(
             heads=("head", "nunique"), norm_ratio_median=("norm_ratio", "median"),
             sink_cos_mean=("sink_cos_mean", "mean"), sink_mass_mean=("sink_mass", "mean"))
-        out.append(("Sink geometry by layer (over heads)", per_layer))
+        out.append(("Sink geometry by layer (median value-norm ratio, mean cosine and mass "
+                    "over heads)", per_layer))
     if sink_tokens is not None:
         zero = sink_tokens[sink_tokens["position"] == 0]
         per_layer = zero.groupby(["model", "corpus", "layer"]).agg(
@@ -236,10 +261,20 @@ def bounds_tables(bounds, assumptions) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def _ranker_names(pruning):
+    """Each row's ranker, with its order where one ranker ran several (taxonomy orders
+    are different rankings of the heads: never averaged together)."""
+    order = pruning["order"].fillna("").astype(str)
+    several = pruning.assign(order=order).groupby("ranker")["order"].transform("nunique") > 1
+    return pruning["ranker"].astype(str).where(~several | (order == ""),
+                                                pruning["ranker"] + " [" + order + "]")
+
+
 def pruning_findings(pruning, model_label: str = "") -> list[str]:
     if pruning is None:
         return []
-    table = pruning.groupby(["ranker", "keep_fraction"])["perplexity"].mean().unstack()
+    named = pruning.assign(ranker=_ranker_names(pruning))
+    table = named.groupby(["ranker", "keep_fraction"])["perplexity"].mean().unstack()
     full = pruning.loc[np.isclose(pruning["keep_fraction"], 1.0), "perplexity"].mean()
     keeps = [k for k in table.columns if not np.isclose(k, 1.0)]
     if not keeps:
@@ -247,9 +282,9 @@ def pruning_findings(pruning, model_label: str = "") -> list[str]:
     keep = min(keeps, key=lambda k: abs(k - 0.5))
     col = table[keep].dropna().sort_values()
     text = (f"{model_label}Keeping {fmt(100 * keep, 3)}% of heads, the best ranker is "
-            f"{col.index[0]} (perplexity {fmt(col.iloc[0])}")
+            f"{col.index[0]} (perplexity {fmt(col.iloc[0])}, mean over seeds")
     if np.isfinite(full):
-        text += f", against {fmt(full)} with every head"
+        text += f"; {fmt(full)} with every head"
     text += ")"
     if "random" in col.index and col.index[0] != "random":
         text += f"; random removal gives {fmt(col['random'])}"
@@ -295,39 +330,68 @@ def head_scan_tables(head_scan) -> list[tuple[str, pd.DataFrame]]:
     return [("Ten heads whose removal costs most", top)]
 
 
+def _treatment(renormalize) -> str:
+    return "renormalised" if bool(renormalize) else "deleted"
+
+
+def _rankings(df):
+    """Each row's restriction ranking (a table from before rankings: attention)."""
+    return df["ranking"] if "ranking" in df.columns else pd.Series("attention", index=df.index)
+
+
 def restrict_findings(restrict, nstar, model_label: str = "") -> list[str]:
+    """N*_tau of each whole-model setting, named by ranking and renormalisation."""
     out = []
     if nstar is not None:
-        model_rows = nstar[nstar["scope"] == "model"]
+        model_rows = nstar[nstar["scope"] == "model"].assign(ranking=_rankings(nstar))
         largest = int(restrict["n"].max()) if restrict is not None else None
-        for r in model_rows.sort_values(["renormalize", "tau"]).itertuples():
-            kind = "renormalised" if r.renormalize else "not renormalised"
+        for r in model_rows.sort_values(["ranking", "renormalize", "tau"]).itertuples():
             above = getattr(r, "n_star_status", "") == "above_grid"
             value = (f"above the largest N tried ({largest})" if above and largest
                      else "above the largest N tried" if above else fmt(r.n_star))
             out.append(f"{model_label}Effective set size N*_tau at tau = {fmt(r.tau)} "
-                       f"({kind}, whole model): {value}.")
+                       f"({r.ranking} ranking, {_treatment(r.renormalize)}, whole model): "
+                       f"{value}.")
     elif restrict is not None:
-        rows = restrict[restrict["scope"] == "model"]
-        if len(rows):
-            best = rows.sort_values("n").iloc[0]
-            out.append(f"{model_label}Keeping only the top {int(best['n'])} attention entries "
-                       f"per query changes NLL by {fmt(best['delta_nll_rel'])} (relative).")
+        rows = restrict[restrict["scope"] == "model"].assign(ranking=_rankings(restrict))
+        for (ranking, renorm), g in rows.groupby(["ranking", "renormalize"], sort=True):
+            best = g.sort_values("n").iloc[0]
+            out.append(f"{model_label}Keeping only the top {int(best['n'])} entries per query "
+                       f"({ranking} ranking, {_treatment(renorm)}, whole model) changes NLL "
+                       f"by {fmt(best['delta_nll_rel'])} (relative).")
     return out
 
 
 def restrict_tables(restrict, nstar) -> list[tuple[str, pd.DataFrame]]:
+    """The whole-model delta-NLL by ranking and renormalisation at each N of the grid
+    (the N the integer search added are drawn in the figure), and every N*_tau."""
     out = []
     if restrict is not None:
-        rows = restrict[restrict["scope"] == "model"]
+        rows = restrict[restrict["scope"] == "model"].assign(ranking=_rankings(restrict))
+        grid = rows[rows["on_grid"].astype(bool)] if "on_grid" in rows.columns else rows
+        if len(grid):
+            rows = grid
         if len(rows):
-            t = rows.pivot_table(index=["model", "corpus", "renormalize"], columns="n",
-                                 values="delta_nll_rel", aggfunc="mean")
+            t = keyed(rows.assign(renormalize=rows["renormalize"].map(_treatment)),
+                      ["model", "corpus", "ranking", "renormalize"], "n", "delta_nll_rel",
+                      "restrict")
             t.columns = [f"N={c}" for c in t.columns]
-            out.append(("Relative delta-NLL under whole-model top-N restriction", t))
+            t.index = t.index.set_names("treatment", level="renormalize")
+            out.append(("Relative delta-NLL under whole-model top-N restriction, by ranking "
+                        "and treatment (deleted or renormalised), at the N of the grid", t))
     if nstar is not None:
-        out.append(("Effective set sizes N*_tau",
-                    nstar.set_index(["model", "corpus", "scope", "layer", "head"])))
+        ns = nstar.assign(ranking=_rankings(nstar))
+        ns = ns.assign(renormalize=ns["renormalize"].map(_treatment)).rename(
+            columns={"renormalize": "treatment"})
+        index = ["model", "corpus", "scope", "layer", "head", "ranking", "treatment", "tau"]
+        if (ns["layer"] < 0).all() and (ns["head"] < 0).all():  # whole model only
+            ns, index = ns.drop(columns=["layer", "head"]), [
+                k for k in index if k not in ("layer", "head")]
+        ns = ns.sort_values(index)
+        out.append(("Effective set sizes N*_tau (smallest N whose relative delta-NLL stays "
+                    "within tau; n_star_low to n_star_high: its document-bootstrap "
+                    "interval)", ns.set_index(index)[[c for c in ns.columns
+                                                       if c not in index]]))
     return out
 
 
@@ -370,16 +434,43 @@ SECTIONS = (
 # --------------------------------------------------------------------------- issue 31-32
 
 
+# what a head score averages over, for "not measured: 0 needle trials counted"
+_SAMPLE_UNITS = {"retrieval": "needle trials", "induction": "repeated-token rows",
+                 "echo": "repeated-token rows"}
+NOT_MEASURED = "not measured"
+
+
+def unmeasured_scores(head_scores) -> dict[str, str]:
+    """Score -> why it has no value (no head has a finite one), e.g. ``retrieval`` ->
+    ``not measured: 0 needle trials counted (8 needles of 6 tokens, ..., 0 recovered)``:
+    an undetermined head type is never counted as zero heads."""
+    from attngeom.figures.atlas import unmeasured_types
+
+    out = {}
+    for score in unmeasured_types(head_scores):
+        g = head_scores[head_scores["score"] == score]
+        samples = int(g["n_samples"].max()) if "n_samples" in g.columns else 0
+        unit = _SAMPLE_UNITS.get(str(score), "query rows")
+        inputs = str(g["inputs"].iloc[0]) if "inputs" in g.columns else ""
+        out[str(score)] = (f"{NOT_MEASURED}: {samples} {unit} counted"
+                           + (f" ({inputs})" if inputs else ""))
+    return out
+
+
 def atlas_findings(head_scores, contingency, kappa, label: str = "") -> list[str]:
     if head_scores is None:
         return []
     n_heads = head_scores[["layer", "head"]].drop_duplicates().shape[0]
+    missing = unmeasured_scores(head_scores)
     typed = head_scores[head_scores["is_type"].astype(bool)].groupby("score").size()
-    parts = [f"{name.replace('_', '-')} {int(k)}" for name, k in typed.items()]
+    parts = [f"{name.replace('_', '-')} {int(typed.get(name, 0))}"
+             for name in head_scores["score"].drop_duplicates() if name not in missing]
     out = [f"{label}Head types among {n_heads} heads (published thresholds): "
            + (", ".join(parts) if parts else "none") + "."]
+    out += [f"{label}{name.replace('_', '-')} heads: {why}." for name, why in missing.items()]
     if kappa is not None and len(kappa):
-        best = kappa.dropna(subset=["kappa"]).sort_values("kappa", ascending=False)
+        best = kappa[~kappa["head_type"].isin(list(missing))].dropna(subset=["kappa"])
+        best = best.sort_values("kappa", ascending=False)
         if len(best):
             r = best.iloc[0]
             out.append(f"{label}Closest regime and head type: {r['regime']} and "
@@ -388,23 +479,37 @@ def atlas_findings(head_scores, contingency, kappa, label: str = "") -> list[str
     return out
 
 
+def mark_unmeasured(table, missing: dict[str, str]):
+    """Every column of an unmeasured head type reads "not measured", never 0 or n/a."""
+    table = table.copy()
+    for name in missing:
+        if name in table.columns:
+            table[name] = NOT_MEASURED
+    return table
+
+
 def atlas_tables(head_scores, contingency, kappa, fn) -> list[tuple[str, pd.DataFrame]]:
     out = []
+    missing = unmeasured_scores(head_scores) if head_scores is not None else {}
+    why = "".join(f"; {name}: {text}" for name, text in missing.items())
     if head_scores is not None:
-        wide = head_scores.pivot_table(index=["model", "corpus", "layer", "head"],
-                                       columns="score", values="value", aggfunc="first")
-        out.append(("Head scores (one row per head)", wide))
+        wide = keyed(head_scores, ["model", "corpus", "layer", "head"], "score", "value",
+                     "head_scores")
+        out.append((f"Head scores (one row per head){why}", mark_unmeasured(wide, missing)))
     if contingency is not None and len(contingency):
-        t = contingency.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
-                                    values="count", aggfunc="sum", fill_value=0)
-        out.append(("Heads by regime and head type (counts)", t))
+        t = keyed(contingency, ["model", "corpus", "regime"], "head_type", "count",
+                  "atlas_contingency")
+        out.append((f"Heads by regime and head type (counts){why}",
+                    mark_unmeasured(t, missing)))
     if kappa is not None and len(kappa):
-        t = kappa.pivot_table(index=["model", "corpus", "regime"], columns="head_type",
-                              values="kappa", aggfunc="first")
-        out.append(("Cohen's kappa of each regime against each head type", t))
+        t = keyed(kappa, ["model", "corpus", "regime"], "head_type", "kappa", "atlas_kappa")
+        out.append((f"Cohen's kappa of each regime against each head type{why}",
+                    mark_unmeasured(t, missing)))
     if fn is not None and len(fn):
-        out.append(("F_N of each head type's heads against their random control",
-                    fn.set_index(["model", "corpus", "head_type", "n"])))
+        shown = fn[~fn["head_type"].isin(list(missing))]
+        out.append(("F_N of each head type's heads against their random control "
+                    "(head-level, Euclidean, full universe)",
+                    shown.set_index(["model", "corpus", "head_type", "n"])))
     return out
 
 
@@ -445,8 +550,8 @@ def competition_tables(answers, qa_nstar, support, context_nstar, slope
                                         "tau"])))
     if support is not None:
         s = support[support["split"] == "all"] if "split" in support.columns else support
-        t = s.pivot_table(index=["model", "corpus", "background"],
-                          columns=["score", "statistic"], values="mean", aggfunc="first")
+        t = keyed(s, ["model", "corpus", "background"], ["score", "statistic"], "mean",
+                  "qa_support_summary")
         t.columns = [f"{a} {b}" for a, b in t.columns]
         out.append(("Support statistics at the answer query (mean over heads, all episodes)",
                     t))

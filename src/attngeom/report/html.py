@@ -44,6 +44,11 @@ table.data th, table.data td { border-bottom: 1px solid var(--rule); padding: 3p
                                text-align: right; white-space: nowrap; }
 table.data th { background: var(--bg-alt); font-weight: 600; }
 table.data tbody th { text-align: left; }
+#reference-values th, #reference-values td, #reference-unmeasured th,
+#reference-unmeasured td { text-align: left; vertical-align: top; }
+#reference-values td.wrap, #reference-unmeasured td.wrap { white-space: normal;
+                                                         min-width: 22em; max-width: 34em; }
+#reference-values td.narrow { white-space: normal; min-width: 11em; max-width: 15em; }
 #table-list td:last-child { white-space: normal; text-align: left; font-size: 12px;
                             color: var(--muted); min-width: 420px; }
 details { margin: 10px 0; }
@@ -76,6 +81,17 @@ def fmt(value, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def plural(n, word: str, words: str | None = None) -> str:
+    """``1 window``, ``2 windows``, ``1 pass``, ``3 passes`` (``words``: an irregular
+    plural)."""
+    many = words or (word + "es" if word.endswith(("s", "x", "ch", "sh")) else word + "s")
+    try:
+        one = int(n) == 1
+    except (TypeError, ValueError):
+        one = False
+    return f"{fmt(n)} {word if one else many}"
+
+
 def png_size(data: bytes) -> tuple[int, int]:
     """(width, height) in pixels from a PNG's IHDR chunk."""
     if data[:8] != b"\x89PNG\r\n\x1a\n":
@@ -103,16 +119,42 @@ def figure_html(fig_id: str, title: str, caption: str, png: Path, pdf: Path | No
 
 
 def table_html(df, *, index: bool = True, caption: str | None = None,
-               table_id: str | None = None) -> str:
-    """A pandas frame as an escaped, styled HTML table with numbers formatted by ``fmt``."""
+               table_id: str | None = None, wrap=(), narrow=()) -> str:
+    """A pandas frame as an escaped, styled HTML table with numbers formatted by ``fmt``;
+    the cells of the ``wrap`` columns (long text) wrap instead of widening the table, those
+    of the ``narrow`` columns wrap within a narrow width (class names of the page's CSS)."""
     shown = df.copy()
     for column in shown.columns:
         if shown[column].dtype.kind in "fcib":
             shown[column] = shown[column].map(fmt)
     body = shown.to_html(index=index, escape=True, border=0, classes="data", na_rep="n/a")
+    for names, css in ((wrap, "wrap"), (narrow, "narrow")):
+        if names:
+            body = _wrap_cells(body, [i for i, c in enumerate(shown.columns) if c in names],
+                               css)
     head = f"<h3>{esc(caption)}</h3>" if caption else ""
     attr = f' id="{esc(table_id)}"' if table_id else ""
     return f'{head}<div class="tablewrap"{attr}>{body}</div>'
+
+
+def _wrap_cells(body: str, columns: list[int], css: str) -> str:
+    """Mark the ``<td>`` of the given column positions (counted among a body row's
+    ``<td>``, after its header cells) with ``class="css"``."""
+    import re
+
+    def row(match):
+        cells = re.split(r"(<td>)", match.group(0))
+        out, k = [], -1
+        for part in cells:
+            if part == "<td>":
+                k += 1
+                out.append(f'<td class="{css}">' if k in columns else part)
+            else:
+                out.append(part)
+        return "".join(out)
+
+    head, sep, tail = body.partition("<tbody>")
+    return head + sep + re.sub(r"<tr>.*?</tr>", row, tail, flags=re.S) if sep else body
 
 
 def facts_html(pairs) -> str:

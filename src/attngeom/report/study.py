@@ -18,7 +18,7 @@ import pandas as pd
 from attngeom.errors import RunDirError
 from attngeom.figures.study import STUDY_FIGURES
 from attngeom.figures.style import DPI, save
-from attngeom.report.findings import main_rows
+from attngeom.report.findings import keyed, main_rows, main_setting
 from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
 from attngeom.results.io import read_table
 from attngeom.results.schemas import SCHEMAS
@@ -80,8 +80,10 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
                        "".join(f'<p class="note">{esc(n)}</p>' for n in notes)))
     body = "".join(f'<section id="{esc(a)}"><h2>{esc(h)}</h2>{c}</section>'
                    for a, h, c in blocks)
+    from attngeom.report.html import plural
+
     subtitle = " | ".join(x for x in (
-        f"{len(record.get('cells', []))} runs", f"created {record.get('created', '?')}",
+        plural(len(record.get('cells', [])), "run"), f"created {record.get('created', '?')}",
         f"attngeom {record.get('attngeom_version', '?')}") if x)
     html = page(record.get("title") or f"attngeom study {record.get('study')}", subtitle,
                 [(a, h) for a, h, _ in blocks], body)
@@ -155,11 +157,57 @@ def _rows(path: Path) -> int:
         return -1
 
 
-_REF_SHOWN = ["model", "corpus", "quantity", "published_text", "measured", "difference",
-              "setting", "location", "our_setting", "quote"]
-_REF_NAMES = {"published_text": "published", "measured": "ours", "quote": "note",
-              "our_setting": "our run", "paper_corpus": "paper's corpus",
-              "paper_models": "paper's models"}
+_VERDICT_ORDER = {"match": 0, "context": 1}
+
+
+def _paper_model_text(models: str, size: str) -> str:
+    names = [m for m in str(models).split(",") if m]
+    who = names[0] if len(names) == 1 else f"{len(names)} models"
+    return f"{who} ({size})" if size and size != "?" else who
+
+
+def _lengths(text: str) -> str:
+    """``256,512,1024,2048`` -> ``256..2048 (4)``; ``-`` where there is no L."""
+    values = [x for x in str(text or "").split(",") if x]
+    if len(values) > 1:
+        return f"{values[0]}..{values[-1]} ({len(values)})"
+    return values[0] if values else "-"
+
+
+REFERENCE_WRAP = ("quantity and setting", "what differs", "note")
+REFERENCE_NARROW = ("ours: model (size), corpus", "paper's: model (size), corpus")
+
+
+def reference_table(ref) -> pd.DataFrame:
+    """The measured rows of ``reference_values`` as the report shows them: the verdict,
+    both models with their sizes and both window lengths first (the first screen), then
+    the value, ours, and what differs."""
+    rows = ref[ref["kind"].isin(list(_VERDICT_ORDER))].copy()
+    rows["order"] = rows["kind"].map(_VERDICT_ORDER)
+    keys = ["order", *(["paper_order"] if "paper_order" in rows.columns else []),
+            "model", "corpus"]
+    rows = rows.sort_values(keys, kind="stable")  # within a verdict, the paper's order
+    out = pd.DataFrame({
+        "verdict": rows["kind"],
+        "ours: model (size), corpus": [
+            f"{m} ({z}), {c}" for m, z, c in zip(rows["model"], rows["our_size"],
+                                                 rows["corpus"], strict=True)],
+        "paper's: model (size), corpus": [
+            f"{_paper_model_text(m, z)}, {c}" for m, z, c in
+            zip(rows["paper_models"], rows["paper_size"], rows["paper_corpus"],
+                strict=True)],
+        "L ours / paper": [f"{_lengths(a)} / {_lengths(b)}" for a, b in
+                           zip(rows["our_length"], rows["paper_length"], strict=True)],
+        "published": rows["published_text"],
+        "ours": rows["measured"],
+        "ours - published": rows["difference"],
+        "quantity and setting": [f"{q}: {setting_text(p)}" for q, p in
+                                 zip(rows["quantity"], rows["params"], strict=True)],
+        "what differs": rows["differs"].replace("", "-"),
+        "where": rows["location"],
+        "note": rows["quote"],
+    })
+    return out.reset_index(drop=True)
 
 
 def setting_text(params: str) -> str:
@@ -200,46 +248,35 @@ def setting_text(params: str) -> str:
 
 
 def _references_section(tables: dict, unavailable: dict) -> str:
-    """Ours beside the published value for the same model and setting (matches), then
-    the paper's range over its models for the models it did not run (context)."""
+    """Published values beside ours, one row each with its verdict: *match* where the
+    model, corpus and protocol agree (``studies.comparable``), else *context* with what
+    differs; then, folded, the paper's values for our models in settings we did not run."""
     parts = []
     ref = tables.get("reference_values")
     if ref is not None and len(ref) and "kind" in ref.columns:
-        match = ref[ref["kind"] == "match"]
-        context = ref[ref["kind"] == "context"]
-        if len(match):
-            match = match.assign(setting=match["params"].map(setting_text))
-            measured = match[match["measured"].notna()]
-            rest = match[match["measured"].isna()]
-            parts.append(f"<h3>The paper's models: published beside ours</h3><p>"
-                         f"{len(match)} published values of the study's models and corpora, "
-                         f"{len(measured)} measured here in the same setting (difference = "
-                         "ours - published).</p>")
-            if len(measured):
-                parts.append(table_html(measured[_REF_SHOWN].rename(columns=_REF_NAMES)
-                                        .set_index(["model", "corpus", "quantity"]),
-                                        table_id="reference-values"))
-            if len(rest):
-                cols = ["model", "corpus", "quantity", "published_text", "setting",
-                        "location", "quote"]
-                parts.append(f"<details><summary>{len(rest)} published values in settings "
-                             "this study did not run</summary>" + table_html(
-                                 rest[cols].rename(columns=_REF_NAMES).set_index(
-                                     ["model", "corpus", "quantity"]),
-                                 table_id="reference-unmeasured") + "</details>")
-        if len(context):
-            parts.append("<h3>Models the paper did not run: its range as context</h3><p>"
-                         "The published range over the paper's models in the same setting "
-                         "(ranking, deletion or renormalisation, tau, N, distance), on the "
-                         "paper's corpus and window length, beside our measurement on ours: "
-                         "context for scale, never a match.</p>")
-            context = context.assign(setting=context["params"].map(setting_text))
-            cols = ["model", "corpus", "quantity", "published_text", "paper_corpus",
-                    "measured", "setting", "location", "our_setting", "paper_models"]
-            cols = [c for c in cols if c in context.columns]
-            parts.append(table_html(context[cols].rename(columns={
-                **_REF_NAMES, "published_text": "paper's range"}).set_index(
-                ["model", "corpus", "quantity"]), table_id="reference-context"))
+        shown = reference_table(ref)
+        kinds = ref["kind"].value_counts()
+        if len(shown):
+            parts.append(
+                f"<p>{int(kinds.get('match', 0))} published values match a measurement of "
+                f"this study (same model, corpus, tau, ranking, renormalisation, scope, "
+                f"window length L, windows, scoring and N* search); "
+                f"{int(kinds.get('context', 0))} more are shown as context, with what "
+                "differs (sizes are parameter counts; a paper's range over its models is "
+                "never a match).</p>")
+            parts.append(table_html(shown, index=False, table_id="reference-values",
+                                    wrap=REFERENCE_WRAP, narrow=REFERENCE_NARROW))
+        rest = ref[ref["kind"] == "not measured"]
+        if len(rest):
+            cols = ["model", "corpus", "quantity", "published_text", "setting",
+                    "location", "quote"]
+            rest = rest.assign(setting=rest["params"].map(setting_text))
+            parts.append(f"<details><summary>{len(rest)} published values of the study's "
+                         "models in settings this study did not run</summary>" + table_html(
+                             rest[cols].rename(columns={"published_text": "published",
+                                                        "quote": "note"}),
+                             index=False, table_id="reference-unmeasured",
+                             wrap=("setting", "note")) + "</details>")
     elif ref is not None and len(ref):
         shown = ref.set_index(["model", "corpus", "quantity", "params"])[
             ["published", "measured", "source", "location", "quote"]]
@@ -269,8 +306,7 @@ def _headline(summary) -> pd.DataFrame | None:
                    & (summary["variant"] == "full")]
     if not len(rows):
         return None
-    return rows.pivot_table(index=["model", "corpus", "distance", "rule"], columns="n",
-                            values="mean")
+    return keyed(rows, ["model", "corpus", "distance", "rule"], "n", "mean", "summary")
 
 
 def _regime_shares(taxonomy) -> pd.DataFrame | None:
@@ -281,6 +317,25 @@ def _regime_shares(taxonomy) -> pd.DataFrame | None:
     if "stability" in t:
         share["median stability"] = t.groupby(["model", "corpus"])["stability"].median()
     return share
+
+
+def _ns_text(ns: str) -> str:
+    """``"1,2,4,8,16"`` -> ``1..16 (5 sizes)``."""
+    values = [x for x in str(ns).split(",") if x]
+    return f"{values[0]}..{values[-1]} ({len(values)} sizes)" if values else "none"
+
+
+def _spearman_table(gl) -> pd.DataFrame:
+    """Table 1's layout: a column per N_min, each with the N its correlation ran over."""
+    index = ["model", "corpus", "distance", "rule", "renormalize"]
+    rho = keyed(gl, index, "n_min", "spearman", "geometry_loss")
+    over = keyed(gl.assign(ns=gl["ns"].map(_ns_text)), index, "n_min", "ns",
+                 "geometry_loss")
+    out = pd.DataFrame(index=rho.index)
+    for k in rho.columns:
+        out[f"N >= {k}"] = rho[k]
+        out[f"N >= {k}: N over"] = over[k]
+    return out
 
 
 def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
@@ -303,21 +358,25 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
     ns = tables.get("restrict_nstar")
     if ns is not None and len(ns):
         m = ns[ns["scope"] == "model"]
-        index = ["model", "corpus", *(["ranking"] if "ranking" in m.columns else []),
-                 "renormalize"]
+        if "ranking" not in m.columns:
+            m = m.assign(ranking="attention")
+        m = m.assign(treatment=m["renormalize"].map(
+            lambda x: "renormalised" if bool(x) else "deleted"))
+        index = ["model", "corpus", "ranking", "treatment"]
         values = ["n_star", *(["grid_n_star"] if "grid_n_star" in m.columns else [])]
+        wide = pd.concat({v: keyed(m, index, "tau", v, "restrict_nstar") for v in values},
+                         axis=1)
+        wide.columns = [f"{v} tau={fmt(t)}" for v, t in wide.columns]
         out.append(("Effective set size N*_tau (whole model; n_star: the integer search, "
-                    "grid_n_star: the smallest power of two passing)", m.pivot_table(
-                        index=index, columns="tau", values=values, dropna=False)))
+                    "grid_n_star: the smallest power of two passing)", wide))
     gl = tables.get("geometry_loss")
     if gl is not None and len(gl):
         if "n_min" in gl.columns:
-            out.append(("Geometry against loss (the follow-up's Table 1): Spearman over N of "
-                        "F_N and relative delta-NLL, each averaged over the corpora first "
-                        "(corpus a+b), then each corpus alone; columns N >= 1, 2, 8",
-                        gl.pivot_table(index=["model", "corpus", "distance", "rule",
-                                              "renormalize"], columns="n_min",
-                                       values="spearman", dropna=False, sort=False)))
+            out.append(("Geometry against loss (the follow-up's Table 1, whose columns are "
+                        "N >= 1, 2, 8 over the nine sizes 1..256): Spearman over N of F_N "
+                        "and relative delta-NLL, each averaged over the corpora first "
+                        "(corpus a+b), then each corpus alone; 'N over' names the sizes "
+                        "each correlation ran over", _spearman_table(gl)))
         else:
             out.append(("Geometry against loss: Spearman of F_N and relative delta-NLL "
                         "over N", gl.set_index(["model", "corpus", "distance",
@@ -325,9 +384,15 @@ def study_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
                                                                  "spearman"]]))
     pr = tables.get("pruning")
     if pr is not None and len(pr):
-        out.append(("Pruning: perplexity by fraction of heads kept (mean over seeds)",
-                    pr.pivot_table(index=["model", "corpus", "keep_fraction"],
-                                   columns="ranker", values="perplexity")))
+        pr = pr.assign(order=pr["order"].fillna("").astype(str))
+        mean = pr.groupby(["model", "corpus", "ranker", "order", "keep_fraction"],
+                          as_index=False)["perplexity"].mean()
+        wide = keyed(mean, ["model", "corpus", "ranker", "order"], "keep_fraction",
+                     "perplexity", "pruning")
+        wide = wide[sorted(wide.columns, reverse=True)]
+        wide.columns = [f"keep {fmt(c)}" for c in wide.columns]
+        out.append(("Pruning: perplexity by ranker (and taxonomy order) and fraction of heads "
+                    "kept (mean over seeds)", wide))
     hs = tables.get("head_scan")
     if hs is not None and len(hs):
         critical = hs[hs["critical"].astype(bool)]  # only heads marked critical
@@ -351,9 +416,10 @@ def study_findings(tables: dict) -> list[str]:
             by = {r: g[g["rule"] == r] for r in ("attention", "random")}
             if len(by["attention"]) and len(by["random"]):
                 a, r = by["attention"].iloc[0], by["random"].iloc[0]
-                out.append(f"{m} on {c}: F_{n} = {fmt(a['mean'])} [{fmt(a['ci_low'])}, "
-                           f"{fmt(a['ci_high'])}] for the attention-selected set against "
-                           f"{fmt(r['mean'])} for random sets of the same size.")
+                out.append(f"{m} on {c} ({main_setting(g)}): F_{n} = {fmt(a['mean'])} "
+                           f"[{fmt(a['ci_low'])}, {fmt(a['ci_high'])}] for the "
+                           f"attention-selected set against {fmt(r['mean'])} for random "
+                           "sets of the same size.")
     st = tables.get("regime_stability")
     if st is not None:
         for row in st.itertuples(index=False):
@@ -380,9 +446,11 @@ def study_findings(tables: dict) -> list[str]:
     if gl is not None:
         for row in gl.itertuples(index=False):
             rule = f" ({row.rule} ranking, {row.distance})" if hasattr(row, "n_min") else ""
+            paper = " (the follow-up's Table 1: the nine N = 1..256)" \
+                if hasattr(row, "n_min") else ""
             out.append(f"{row.model} on {row.corpus}{rule}: Spearman correlation of F_N with "
-                       f"the restriction's relative delta-NLL over N = {row.ns}: "
-                       f"{fmt(row.spearman)}.")
+                       f"the restriction's relative delta-NLL over N = {row.ns}"
+                       f"{paper}: {fmt(row.spearman)}.")
     return out
 
 
@@ -394,24 +462,35 @@ def _background_label(tokens: int) -> str | None:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else None
 
 
-def _published(tables: dict, model: str, quantity: str, **setting) -> float:
-    """The published value of ``quantity`` for study model ``model`` in ``setting``, as the
-    study's ``reference_values`` table lists it (``studies.combine.reference_values``:
-    only where the model is one the paper ran); NaN otherwise."""
+def _published(tables: dict, model: str, corpus: str, quantity: str, **setting
+               ) -> tuple[float, str]:
+    """The published value of ``quantity`` for study model ``model`` on study corpus
+    ``corpus`` in ``setting``, and its verdict, as the study's ``reference_values``
+    lists it (``studies.combine.reference_values``: only where the model is one the paper
+    ran and the corpus one it ran it on); (NaN, "") otherwise."""
     refs = tables.get("reference_values")
     if refs is None or not len(refs):
-        return float("nan")
-    rows = refs[(refs["model"] == model) & (refs["quantity"] == quantity)]
+        return float("nan"), ""
+    rows = refs[(refs["model"] == model) & (refs["corpus"] == corpus)
+                & (refs["quantity"] == quantity) & refs["published"].notna()]
     for r in rows.itertuples():
         try:
             p = json.loads(r.params)
         except (TypeError, ValueError):
             continue
+        if "n_star_rule" in p and "n_star_rule" not in setting:
+            continue  # App. C.4's second reading of a non-monotone curve: another value
         same = all(k in p and (p[k] == v or (isinstance(v, float) and isinstance(
             p[k], int | float) and abs(float(p[k]) - v) < 1e-9)) for k, v in setting.items())
-        if same and pd.notna(r.published):
-            return float(r.published)
-    return float("nan")
+        if same:
+            return float(r.published), str(getattr(r, "kind", ""))
+    return float("nan"), ""
+
+
+def _beside(frame, lookup) -> pd.DataFrame:
+    """``frame`` with the ``published`` value and ``verdict`` of ``lookup(row)``."""
+    found = [lookup(r) for r in frame.itertuples()]
+    return frame.assign(published=[v for v, _ in found], verdict=[k for _, k in found])
 
 
 def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]]:
@@ -437,31 +516,36 @@ def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]
                     a.set_index(["model", "corpus", "background"])[cols]))
     q = tables.get("qa_nstar")
     if q is not None and len(q):
-        q = q.copy()
-        q["published"] = [
-            _published(tables, r.model, "n_star_qa", ranking=r.ranking,
-                       renormalize=r.mode == "renormalisation", tau_nats=float(r.tau),
-                       background=_background_label(int(r.background)))
-            if _background_label(int(r.background)) else float("nan")
-            for r in q.itertuples()]
-        out.append(("qa: N* by model and background (published: the follow-up's Table 6 / "
-                    "10 value for the same model, where it ran it)",
+        q = _beside(q, lambda r: _published(
+            tables, r.model, r.corpus, "n_star_qa", ranking=r.ranking,
+            renormalize=r.mode == "renormalisation", tau_nats=float(r.tau),
+            background=_background_label(int(r.background)))
+            if _background_label(int(r.background)) else (float("nan"), ""))
+        out.append(("qa: N* by model, background corpus and background (published: the "
+                    "follow-up's Table 6 / 10 value for the same model; verdict: match or "
+                    "context, as under Published values)",
                     q.set_index(["model", "corpus", "ranking", "mode", "tau", "background"])[
-                        ["nstar", "nstar_low", "nstar_high", "published"]]))
+                        ["nstar", "nstar_low", "nstar_high", "published", "verdict"]]))
     n = tables.get("context_nstar")
     if n is not None and len(n):
-        n = n.copy()
-        n["published"] = [
-            _published(tables, r.model, "n_star", ranking=r.ranking,
-                       renormalize=r.mode == "renormalisation", tau=float(r.tau),
-                       window_length=int(r.length), protocol="context",
-                       scoring="tail128" if r.scoring == "tail" else "all")
-            for r in n.itertuples()]
-        out.append(("Context sweep: N* by model and length L (published: the follow-up's "
-                    "Tables 4 / 5 for the same model, where it ran it)",
-                    n.pivot_table(index=["model", "corpus", "scoring", "ranking", "mode",
-                                         "tau"], columns="length",
-                                  values=["nstar", "published"], dropna=False)))
+        n = _beside(n, lambda r: _published(
+            tables, r.model, r.corpus, "n_star", ranking=r.ranking,
+            renormalize=r.mode == "renormalisation", tau=float(r.tau),
+            window_length=int(r.length), protocol="context",
+            scoring="tail128" if r.scoring == "tail" else "all"))
+        keys = ["model", "corpus", "scoring", "ranking", "mode", "tau"]
+        wide = keyed(n, keys, "length", "nstar", "context_nstar")
+        paper = keyed(n, keys, "length", "published", "context_nstar")
+        lengths = list(wide.columns)
+        wide.columns = [f"ours L={L}" for L in lengths]
+        for L in lengths:
+            wide[f"paper L={L}"] = paper[L]
+        verdict = n.groupby(keys)["verdict"].agg(
+            lambda v: ", ".join(sorted({x for x in v if x})))
+        wide["verdict"] = verdict.reindex(wide.index).fillna("")
+        out.append(("Context sweep: N* by model, corpus and length L (paper: the follow-up's "
+                    "Tables 4 / 5 value for the same model and corpus, where it ran them; "
+                    "verdict as under Published values)", wide))
     lo = tables.get("restrict_local")
     if lo is not None and len(lo):
         top = lo[lo["rank"] == 1]

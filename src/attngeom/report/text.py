@@ -146,11 +146,12 @@ def format_nstar(res) -> str:
     if "ranking" in cells.columns and cells["ranking"].nunique() > 1:
         table = cells.pivot_table(index="tau", columns=["ranking", "renormalize"],
                                   values="value", aggfunc="first")
-        table.columns = [f"{r} renormalised={c}" for r, c in table.columns]
+        table.columns = [f"{r} {'renormalised' if c else 'deleted'}"
+                         for r, c in table.columns]
     else:
         table = cells.pivot_table(index="tau", columns="renormalize", values="value",
                                   aggfunc="first")
-        table.columns = [f"renormalised={c}" for c in table.columns]
+        table.columns = ["renormalised" if c else "deleted" for c in table.columns]
     table.index.name = "tau"
     return "N*_tau (smallest N whose relative delta-NLL stays within tau)\n" + table.to_string()
 
@@ -206,16 +207,21 @@ def restrict_summary(res) -> str:
 
 def atlas_summary(res) -> str:
     """Heads of each type, then the regime x head type counts (issue 32)."""
+    from attngeom.report.findings import mark_unmeasured, unmeasured_scores
+
     scores = res["head_scores"]
     n_heads = scores[["layer", "head"]].drop_duplicates().shape[0]
+    missing = unmeasured_scores(scores)  # no finite score: not measured, never 0 heads
     typed = (scores[scores["is_type"].astype(bool)].groupby("score").size()
              .reindex(scores["score"].unique(), fill_value=0))
     lines = [f"head types of {n_heads} heads (threshold as published unless given): "
-             + ", ".join(f"{name} {int(k)}" for name, k in typed.items())]
+             + ", ".join(f"{name} {int(k)}" for name, k in typed.items()
+                         if name not in missing)]
+    lines += [f"{name}: {why}" for name, why in missing.items()]
     if "atlas_contingency" in res.tables:
         c = res["atlas_contingency"]
-        table = c.pivot_table(index="regime", columns="head_type", values="count",
-                              aggfunc="sum", fill_value=0)
+        table = mark_unmeasured(c.pivot(index="regime", columns="head_type",
+                                        values="count"), missing)
         lines.append("heads by regime (rows) and head type (columns; a head may have "
                      "several types)\n" + table.to_string())
     return _join(*caveats(res), *lines)
@@ -275,7 +281,7 @@ def format_protocol(record: dict) -> list[str]:
                           ("bootstrap", "bootstrap replicates"),
                           ("effective_repeats", "random-control repeats")):
             if key in p:
-                value = "every" if p[key] is None else p[key]
-                parts.append(f"{value} {what}")
+                value = "all" if p[key] is None else p[key]
+                parts.append(f"{value} {what[:-1] if value == 1 else what}")
         lines.append(f"{cmd}: {', '.join(parts)}")
     return lines

@@ -13,6 +13,15 @@ import math
 import numpy as np
 import pandas as pd
 
+from attngeom.studies.comparable import (
+    differences,
+    our_side,
+    paper_side,
+    probe_configs,
+    size_text,
+    sizes_text,
+)
+
 
 def combine(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """One table from the same table of several runs (their model and corpus columns
@@ -137,7 +146,8 @@ def regime_stability(comparisons: list[tuple[str, str, str, object]]) -> pd.Data
 REFERENCE_COLUMNS = ["model", "corpus", "quantity", "params", "published", "measured",
                      "source", "location", "quote", "kind", "relation", "published_low",
                      "published_high", "published_text", "difference", "paper_models",
-                     "our_setting", "paper_corpus"]
+                     "our_setting", "paper_corpus", "differs", "our_size", "paper_size",
+                     "our_length", "paper_length", "paper_order"]
 # the settings a small model is shown against (qa and context: the competition probes)
 _CONTEXT_PROTOCOLS = ("fixed", "geometry", "context", "qa")
 _PROBE_PROTOCOLS = ("context", "qa")  # read from the competition probes' tables
@@ -402,21 +412,6 @@ def _corpus_labels(study, ref_corpus: str) -> list[str] | None:
     return sorted(found)
 
 
-_PROBE_COMMANDS = ("competition-{}", "competition")  # a study part, or the plain command
-
-
-def _probe_configs(study, protocol: str, model: str, corpora: list[str]) -> list:
-    """The configurations of the study's ``protocol`` probe runs on ``model`` and
-    ``corpora`` (a plain ``competition`` run counts when its probe is that one)."""
-    out = []
-    for command in _PROBE_COMMANDS:
-        for cell in study.cells_of(command.format(protocol)):
-            if cell.model == model and cell.corpus in corpora \
-                    and getattr(cell.config, "probe", protocol) == protocol:
-                out.append(cell.config)
-    return out
-
-
 def _tails(study, tables: dict) -> dict:
     """(model, corpus) -> the final targets our context sweep scored there: the run's
     ``tail`` option, else a ``competition_settings`` row that names it."""
@@ -431,7 +426,7 @@ def _tails(study, tables: dict) -> dict:
                 continue
     for model in study.models:
         for corpus in study.corpora:
-            for cfg in _probe_configs(study, "context", model, [corpus]):
+            for cfg in probe_configs(study, "context", model, [corpus]):
                 if getattr(cfg, "tail", None) is not None:
                     out[(model, corpus)] = int(cfg.tail)
     return out
@@ -439,7 +434,7 @@ def _tails(study, tables: dict) -> dict:
 
 def _probe_setting(study, protocol: str, model: str, corpora: list[str]) -> str:
     """What our qa or context probe ran, in a few words (the row's ``our_setting``)."""
-    for cfg in _probe_configs(study, protocol, model, corpora):
+    for cfg in probe_configs(study, protocol, model, corpora):
         if protocol == "context":
             lengths = ",".join(str(x) for x in getattr(cfg, "lengths", ()))
             return (f"context: L = {lengths}, final {getattr(cfg, 'tail', '?')} targets "
@@ -483,11 +478,59 @@ def _tail_note(ref, model: str, corpora: list[str], tails: dict) -> str:
             f"{_PAPER_TAIL}: another setting, not measured")
 
 
-def _row(ref, model, corpora, measured, kind, study, low=None, high=None, models="",
-         tails=None):
-    published = _nan(ref.value) if kind == "match" and not ref.is_range else math.nan
-    exact = kind == "match" and ref.relation == "=" and ref.value is not None
-    diff = measured - float(ref.value) if exact and math.isfinite(measured) else math.nan
+MATCH, CONTEXT, NOT_MEASURED = "match", "context", "not measured"
+
+
+def _params_b(study, label: str) -> float:
+    """Our model's parameter count (billions): its configuration's, else its preset's."""
+    from attngeom.studies.presets import PRESETS
+
+    m = study.models.get(label)
+    shape = getattr(m, "shape", None) or {}
+    if shape.get("params_b"):
+        return float(shape["params_b"])
+    preset = PRESETS.get(getattr(getattr(m, "preset", None), "name", None))
+    return float(preset.params_b) if preset is not None else math.nan
+
+
+def _paper_models(ref, models: list[str], refs) -> list[str]:
+    """The paper's models behind a value: its own, or for a statement about every model
+    the models the same place of the paper names (else all of the paper's)."""
+    from attngeom.studies.references import ANY_MODEL
+
+    if ANY_MODEL not in models:
+        return models
+    named = sorted({r.model for r in refs if r.where == ref.where and r.model != ANY_MODEL
+                    and r.source == ref.source})
+    return named or sorted({r.model for r in refs if r.source == ref.source
+                            and r.model != ANY_MODEL})
+
+
+def _row(ref, study, tables, model, corpora, measured, low=None, high=None, models=(),
+         tails=None, refs=()):
+    """One published value beside ours: the verdict (``kind``) and what differs."""
+    from attngeom.studies.presets import PRESETS
+
+    preset = getattr(getattr(study.models[model], "preset", None), "name", None)
+    paper_models = _paper_models(ref, list(models) or [ref.model], refs)
+    same_model = paper_models == [preset] and not ref.is_range and low is None
+    ours, paper = our_side(study, tables, ref, model, corpora), paper_side(ref)
+    our_size = size_text(_params_b(study, model))
+    paper_size = sizes_text(PRESETS[m].params_b for m in paper_models if m in PRESETS)
+    differs = []
+    if not same_model:
+        theirs = (f"{paper_models[0]}" if len(paper_models) == 1
+                  else f"{len(paper_models)} models")
+        differs.append(f"model: {model} ({our_size}) vs {theirs} ({paper_size})")
+    if ref.setting.get("protocol") != "qa" and _corpus_labels(study, ref.corpus) != \
+            sorted(corpora):
+        differs.append(f"corpus: {'+'.join(corpora)} vs {ref.corpus}")
+    differs += differences(ours, paper)
+    kind = (NOT_MEASURED if not math.isfinite(measured)
+            else MATCH if not differs else CONTEXT)
+    published = _nan(ref.value) if same_model else math.nan
+    exact = kind == MATCH and ref.relation == "=" and ref.value is not None
+    diff = measured - float(ref.value) if exact else math.nan
     protocol = ref.setting.get("protocol")
     note = ref.note
     if protocol in _PROBE_PROTOCOLS:
@@ -502,23 +545,34 @@ def _row(ref, model, corpora, measured, kind, study, low=None, high=None, models
         "published_high": _nan(high if high is not None else ref.high),
         "published_text": (f"{low:g}-{high:g}" if low is not None and low != high
                            else f"{low:g}" if low is not None else ref.shown()),
-        "difference": diff, "paper_models": models,
+        "difference": diff, "paper_models": ",".join(paper_models),
         "our_setting": _our_setting(study, model, corpora, protocol),
-        "paper_corpus": ref.corpus,
+        "paper_corpus": ref.corpus, "differs": "; ".join(differs),
+        "our_size": our_size, "paper_size": paper_size,
+        "our_length": ours.get("L", ""), "paper_length": paper.get("L", ""),
+        "paper_order": next((i for i, r in enumerate(refs) if r is ref), -1),
     }
 
 
 def reference_values(study, tables: dict, references) -> pd.DataFrame:
-    """Published values beside ours.
+    """Published values beside ours, each with a verdict (``kind``).
 
-    ``kind = "match"``: the reference's model is the preset of a study model and its
-    corpus one the study ran (both corpora for a two-corpus value); ``measured`` is our
-    number in the same setting (ranking, renormalisation, tau, N, distance; NaN where we
-    did not measure that setting) and ``difference`` = measured - published for a
-    point value. ``kind = "context"``: a study model the paper did not run, beside the
-    paper's range over its models (``published_low`` .. ``published_high``, the models
-    in ``paper_models``) for the same setting, shown only where we measured it; never a
-    match, so ``published`` and ``difference`` stay NaN.
+    For a study model whose preset the paper ran, each of its published values on a
+    corpus the study ran (both corpora for a two-corpus value) is a row; ``measured`` is
+    our number in the same tau, ranking, renormalisation, scope, N and distance (NaN
+    where we did not measure that setting: ``kind = "not measured"``). For every study
+    model, the paper's range over its models in a setting we measured is a row too
+    (``published_low`` .. ``published_high``, the models in ``paper_models``; on the
+    same corpus where the study ran it, else on each of ours).
+
+    ``kind = "match"`` only where the model, the corpus and every protocol aspect of
+    ``studies.comparable`` (window length, windows, N* search, Spearman's N range, qa
+    questions) agree; then ``difference`` = measured - published for a point value.
+    Otherwise ``kind = "context"`` and ``differs`` lists what is not alike (``"L: 64 vs
+    1024"``), beside ``our_size`` / ``paper_size`` (parameters) and ``our_length`` /
+    ``paper_length``; ``published`` is the model's own value where the paper ran it
+    (NaN for a range) and ``difference`` stays NaN. ``paper_order`` is the value's
+    place in ``references`` (the paper's order, for the report).
     """
     from attngeom.studies.references import ANY_MODEL
 
@@ -533,9 +587,9 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
                 if ref.model != preset:
                     continue
                 for corpora in _match_corpora(study, tables, ref, m_label):
-                    rows.append(_row(ref, m_label, corpora,
+                    rows.append(_row(ref, study, tables, m_label, corpora,
                                      _measured(ref, tables, m_label, corpora, tails),
-                                     "match", study, tails=tails))
+                                     tails=tails, refs=refs))
         groups: dict = {}
         for ref in refs:
             if ref.setting.get("protocol") not in _CONTEXT_PROTOCOLS:
@@ -552,13 +606,13 @@ def reference_values(study, tables: dict, references) -> pd.DataFrame:
             both = points + ends
             if not both:
                 continue
-            models = ",".join(sorted({r.model for r in group}))
+            models = sorted({r.model for r in group})
             for corpora in _context_corpora(study, ref.corpus):
                 measured = _measured(ref, tables, m_label, corpora, tails)
                 if math.isfinite(measured):
-                    rows.append(_row(ref, m_label, corpora, measured, "context", study,
+                    rows.append(_row(ref, study, tables, m_label, corpora, measured,
                                      low=min(both), high=max(both), models=models,
-                                     tails=tails))
+                                     tails=tails, refs=refs))
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
 
 

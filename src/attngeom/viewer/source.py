@@ -173,8 +173,9 @@ def read_run(run_dir) -> tuple[Path, dict]:
         raise RunDirError(f"run {run} cannot be viewed: its manifest's config lacks "
                           f"{', '.join(missing)} (needed to capture its windows again)")
     if manifest.get("command") not in (None, "analyze"):
-        raise RunDirError(f"run {run} cannot be viewed: it is a {manifest.get('command')!r} "
-                          "run; the viewer reads an analyze run (its windows and taxonomy)")
+        raise RunDirError(f"run {run} cannot be viewed: it is a run of "
+                          f"{manifest.get('command')!r}; the viewer reads an analyze run "
+                          "(its windows and taxonomy)")
     if not (run / "taxonomy.parquet").is_file():
         raise RunDirError(f"run {run} cannot be viewed: it has no taxonomy.parquet (the "
                           "regimes; run analyze with the taxonomy analysis)")
