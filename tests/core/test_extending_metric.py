@@ -126,10 +126,10 @@ def test_toy_metric_comes_out_of_analyze(toy_metric, tmp_path):
     (per window, layer, head, rule, variant, distance and N) and a ``metric`` of
     ``summary.parquet``."""
     import pandas as pd
-    from tests.engine.test_boundaries import WORDS, word_tokenizer
 
     import attngeom
     from tests.architectures import make_model
+    from tests.engine.test_boundaries import WORDS, word_tokenizer
 
     gen = np.random.default_rng(0)
     corpus = tmp_path / "corpus.txt"

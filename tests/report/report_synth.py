@@ -58,8 +58,9 @@ def restrict_tables() -> dict[str, pd.DataFrame]:
                               "ranking": ranking,
                               "grid_n_star": float(min(grid)) if grid else float("nan"),
                               "n_star_low": found - 1, "n_star_high": found + 2,
-                              "n_evaluated": len(ns), "search": "adaptive",
-                              "monotone": True, "note": "", "window_length": 64})
+                              "n_evaluated": len(ns), "search": "interpolate",
+                              "monotone": True, "note": "", "window_length": 64,
+                              "n_star_bisect": found, "n_star_interpolate": found})
     return {"restrict": _checked("restrict", rows),
             "restrict_nstar": _checked("restrict_nstar", nstar)}
 

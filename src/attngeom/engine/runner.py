@@ -428,7 +428,7 @@ def _shape_of(layout):
 def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, progress,
              model_and_tokenizer, shape) -> RunResult:
     from attngeom.capture import load_tokenizer
-    from attngeom.engine.progress import say
+    from attngeom.engine.progress import plural, say
     from attngeom.results.manifest import build_manifest
     from attngeom.results.state import ShardStore, clear_states
 
@@ -488,7 +488,7 @@ def _execute(command, spec, config, out_dir, fingerprint, dist, *, overwrite, pr
     if out_dir is not None and dist.is_main:
         from attngeom.results.io import prepare_run_dir, write_manifest, write_table
 
-        say(talk, f"writing {len(tables)} tables to {out_dir} ...")
+        say(talk, f"writing {len(tables)} {plural('table', len(tables))} to {out_dir} ...")
         out_dir = prepare_run_dir(out_dir, command=name, fingerprint=fingerprint,
                                   overwrite=overwrite)
         for n, df in tables.items():

@@ -436,7 +436,7 @@ def _probe_setting(study, protocol: str, model: str, corpora: list[str]) -> str:
     """What our qa or context probe ran, in a few words (the row's ``our_setting``)."""
     for cfg in probe_configs(study, protocol, model, corpora):
         if protocol == "context":
-            lengths = ",".join(str(x) for x in getattr(cfg, "lengths", ()))
+            lengths = ",".join(str(x) for x in cfg.lengths or cfg.DEFAULT_LENGTHS)
             return (f"context: L = {lengths}, final {getattr(cfg, 'tail', '?')} targets "
                     f"and all targets, {getattr(cfg, 'n_documents', '?')} documents")
         babilong = getattr(cfg, "babilong", None)

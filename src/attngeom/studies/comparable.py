@@ -172,7 +172,7 @@ def our_side(study, tables: dict, ref, model: str, corpora) -> dict[str, str]:
         if "window_length" in p:
             out["L"] = str(p["window_length"])  # only that L is read
         elif cfg is not None:
-            out["L"] = ",".join(str(x) for x in getattr(cfg, "lengths", ()))
+            out["L"] = ",".join(str(x) for x in cfg.lengths or cfg.DEFAULT_LENGTHS)
         out["windows"] = PAPER_ONE_PER_DOC  # the sweep's nested suffixes of one window
         if q in _NSTAR:
             out["N* search"] = f"integer by {_step(cfg, rows('context_nstar'))}"
