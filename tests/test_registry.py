@@ -100,12 +100,6 @@ def _spelt_lists(path: Path, registries: dict[str, set[str]]) -> list[str]:
     return found
 
 
-# copies being removed by work in flight (each entry fails the test once its copy is gone,
-# so the list cannot go stale)
-KNOWN = {"figures/catalog.py", "figures/interventions.py", "figures/separability.py",
-         "report/findings.py", "studies/combine.py"}
-
-
 def test_no_user_facing_list_of_names_is_spelt_outside_its_registry() -> None:
     registries = _registries()
     offenders = []
@@ -113,11 +107,7 @@ def test_no_user_facing_list_of_names_is_spelt_outside_its_registry() -> None:
         rel = path.relative_to(SRC).as_posix()
         if rel == "names.py" or rel in QUOTED:
             continue
-        found = _spelt_lists(path, registries)
-        if rel in KNOWN:
-            assert found, f"{rel} no longer copies a list of names: drop it from KNOWN"
-            continue
-        offenders += [f"{rel} {x}" for x in found]
+        offenders += [f"{rel} {x}" for x in _spelt_lists(path, registries)]
     assert not offenders, "\n".join(offenders)
 
 

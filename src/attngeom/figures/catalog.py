@@ -30,7 +30,15 @@ from attngeom.figures.interventions import (
 from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, fig_topn_curves
 from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
 from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
-from attngeom.names import MIXER, RESET, RETRIEVER, SEPARABILITY, STABLE
+from attngeom.names import (
+    MIXER,
+    RANKINGS,
+    RESET,
+    RETRIEVER,
+    SEPARABILITY,
+    STABLE,
+    VARIANTS,
+)
 from attngeom.registry import Registry
 
 
@@ -212,7 +220,7 @@ def sink_geometry(g: Group):
 @figure("sink_effect", "sink")
 def sink_effect(g: Group):
     summary, sink = g.get("summary"), g.get("sink")
-    has_variant = summary is not None and {"full", "no_sink"} <= set(summary["variant"]) and (
+    has_variant = summary is not None and set(VARIANTS) <= set(summary["variant"]) and (
         (summary["scope"] == "model") & (summary["metric"] == "f_score")).any()
     if not has_variant and sink is None:
         return None
@@ -347,8 +355,8 @@ def restrict(g: Group):
         return None
     rankings = (list(dict.fromkeys(table["ranking"].astype(str)))
                 if "ranking" in table.columns else ["attention"])
-    order = ("attention", "contribution", "random")
-    rankings = sorted(rankings, key=lambda r: (order.index(r) if r in order else 9, r))
+    order = RANKINGS.names()
+    rankings = sorted(rankings, key=lambda r: (order.index(r) if r in order else 99, r))
 
     def draw():
         fig, axes = style.new_figure(style.COLUMN_WIDTH * len(rankings), 2.6,

@@ -10,8 +10,10 @@ from attngeom.errors import ConfigError
 from attngeom.figures import style
 from attngeom.figures._common import draw_layer_head_map, layer_head_grid, pick
 from attngeom.figures.style import Drawn, styled
+from attngeom.names import RANKERS
 
-RANKER_ORDER = ("taxonomy", "magnitude", "entropy", "gradient", "sensitivity", "random")
+# the registry's order, the seeded control last (drawn dashed, grey, behind the others)
+RANKER_ORDER = tuple(sorted(RANKERS, key=lambda r: r == "random"))
 
 
 def _ranker_key(ranker: str, order, multi_order: bool) -> str:

@@ -16,8 +16,9 @@ from attngeom.errors import ConfigError
 from attngeom.figures import style
 from attngeom.figures._common import pick
 from attngeom.figures.style import Drawn, styled
+from attngeom.names import METRICS, RULES, SEPARABILITY
 
-RULE_ORDER = ("attention", "contribution", "random")
+RULE_ORDER = RULES.names()
 VARIANT_STYLES = {
     "full": {"color": "#0072B2", "linestyle": "-", "label": "sink in universe"},
     "no_sink": {"color": "#D55E00", "linestyle": "--", "label": "sink excluded"},
@@ -57,7 +58,7 @@ def _draw_curve(ax, rows, *, key, color, linestyle, label, drawn: Drawn, marker=
 def _finish_metric_axis(ax, metric: str, ns) -> None:
     style.set_n_axis(ax, ns)
     ax.set_ylabel(style.METRIC_LABELS.get(metric, metric))
-    if metric in ("precision", "recall", "f_score"):
+    if metric in SEPARABILITY:
         ax.set_ylim(-0.02, 1.04)
 
 
@@ -128,7 +129,7 @@ def fig_topn_by_layer(summary, *, n: int, metric: str = "f_score", model=None, c
     ax.set_xlabel("layer")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"{style.METRIC_LABELS.get(metric, metric)} at $N={int(n)}$")
-    if metric in ("precision", "recall", "f_score"):
+    if metric in SEPARABILITY:
         ax.set_ylim(-0.02, 1.04)
     if legend:
         drawn.legend = ax.legend(loc="best")
@@ -171,8 +172,7 @@ def summary_from_metrics(metrics):
     import pandas as pd
 
     keys = ["model", "corpus", "rule", "variant", "distance", "n"]
-    metric_cols = [c for c in ("precision", "recall", "f_score", "margin", "inversions")
-                   if c in metrics.columns]
+    metric_cols = [c for c in METRICS if c in metrics.columns]
     frames = []
     for scope, extra in (("model", []), ("layer", ["layer"])):
         per_window = metrics.groupby([*keys, *extra, "window"], dropna=False)[metric_cols].mean()

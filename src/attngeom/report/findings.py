@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attngeom.names import MIXER, NO_REGIME, REGIMES, STABLE
+from attngeom.names import MIXER, NO_REGIME, REGIMES, SEPARABILITY, STABLE, VARIANTS
 from attngeom.report.html import fmt
 
 LABELS = (*REGIMES, NO_REGIME)
@@ -85,7 +85,7 @@ def separability_findings(summary, model_label: str = "") -> list[str]:
     full = summary[(summary["scope"] == "model") & (summary["rule"] == "attention")
                    & (summary["metric"] == "f_score") & (summary["n"] == n)
                    & (summary["distance"] == distance)].set_index("variant")["mean"]
-    if {"full", "no_sink"} <= set(full.index):
+    if set(VARIANTS) <= set(full.index):
         out.append(f"{model_label}Excluding the sink from the universe moves attention F at "
                    f"N = {n} ({setting}) from {fmt(full['full'])} to {fmt(full['no_sink'])}.")
     return out
@@ -95,7 +95,7 @@ def separability_tables(summary) -> list[tuple[str, pd.DataFrame]]:
     if summary is None:
         return []
     rows = main_rows(summary)
-    rows = rows[rows["metric"].isin(["precision", "recall", "f_score"])]
+    rows = rows[rows["metric"].isin(SEPARABILITY)]
     if rows.empty:
         return []
     cell = rows.assign(value=[

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from attngeom.names import PROBES
 from attngeom.studies.comparable import (
     differences,
     our_side,
@@ -150,7 +151,7 @@ REFERENCE_COLUMNS = ["model", "corpus", "quantity", "params", "published", "meas
                      "our_length", "paper_length", "paper_order"]
 # the settings a small model is shown against (qa and context: the competition probes)
 _CONTEXT_PROTOCOLS = ("fixed", "geometry", "context", "qa")
-_PROBE_PROTOCOLS = ("context", "qa")  # read from the competition probes' tables
+_PROBE_PROTOCOLS = PROBES.names()  # read from the competition probes' tables
 _PAPER_TAIL = 128  # App. B.3's tail128: the final 128 targets at every L
 _PAPER_LENGTHS = (256, 512, 1024, 2048)  # App. C.4's four window lengths
 _RATIO_LENGTHS = (256, 2048)  # C.4's "8x longer L": N*_5% at 2048 over 256
