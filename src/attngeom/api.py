@@ -249,13 +249,22 @@ def view(run_dir: str | Path | None = None, *, prompt: str | None = None,
         n_max = v.integer("n_max", n_max, low=0)
     from attngeom.viewer import write_viewer
 
-    if run_dir is not None:
-        target = Path(out) if out is not None else Path(run_dir) / "viewer.html"
-        return write_viewer(target, run=run_dir, window=window, heads=pairs,
-                            queries=positions, n_max=n_max)
-    if model is None:
-        from attngeom.assets import DEFAULT_MODEL, asset
+    def target(default: Path) -> Path:
+        """``out`` as given: an .html file, or a folder (existing, or named without a
+        suffix) that gets viewer.html."""
+        if out is None:
+            return default
+        path = Path(out)
+        return path / "viewer.html" if path.is_dir() or not path.suffix else path
 
+    if run_dir is not None:
+        return write_viewer(target(Path(run_dir) / "viewer.html"), run=run_dir, window=window,
+                            heads=pairs, queries=positions, n_max=n_max)
+    from attngeom.assets import DEFAULT_MODEL, asset
+
+    if model is None:
         model = asset(DEFAULT_MODEL, "--model")
-    target = Path(out) if out is not None else Path("viewer.html")
-    return write_viewer(target, model, prompt, heads=pairs, queries=positions, n_max=n_max)
+    elif str(model).startswith("asset:"):
+        model = asset(str(model).split(":", 1)[1], "--model")
+    return write_viewer(target(Path("viewer.html")), model, prompt, heads=pairs,
+                        queries=positions, n_max=n_max)

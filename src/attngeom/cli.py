@@ -161,12 +161,13 @@ def _demo(args) -> None:
 
 def _view_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None,
-                   help="a finished analyze run (its window is captured again); or give "
-                   "--prompt")
+                   help="a finished run that read windows (analyze, atlas, prune, restrict, "
+                   "...: its window is captured again); or give --prompt")
     p.add_argument("--prompt", metavar="TEXT", default=None,
                    help="view this text instead of a run's window")
     p.add_argument("--model", metavar="MODEL", default=None,
-                   help="the model of --prompt (default: the bundled stories260K)")
+                   help="the model of --prompt: hub id, local directory, .gguf file or "
+                   "asset:NAME (default: the bundled stories260K)")
     p.add_argument("--heads", metavar="L:H,...", default="0:0",
                    help="heads to view, as LAYER:HEAD,... (default: 0:0)")
     p.add_argument("--queries", metavar="N,...", default="-1",
@@ -177,7 +178,8 @@ def _view_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-max", metavar="N", type=int, default=None,
                    help="every N up to this on the slider (0: the grid's N only; default: "
                    "the largest N of the grid)")
-    _add_out(p, "the HTML file to write (default: RUN_DIR/viewer.html, or viewer.html)")
+    _add_out(p, "where the page goes: an .html file, or a folder for viewer.html in it "
+             "(default: RUN_DIR/viewer.html, or viewer.html)")
 
 
 def _view(args) -> None:
@@ -202,7 +204,7 @@ TOOLS = {
     "view": Tool("the geometry viewer: one HTML page of chosen heads and queries",
                  _view_parser, _view,
                  "Write a self-contained HTML page (no external requests) showing, for each "
-                 "chosen head and query of an analyze run's window or of a prompt, every "
+                 "chosen head and query of a run's window or of a prompt, every "
                  "key's contribution at its exact distance to the selected set's aggregate "
                  "(docs/viewer.md); prints its path."),
 }

@@ -156,8 +156,18 @@ def test_bad_input_is_one_line_naming_the_range(stories, run_dir, tmp_path):
     notax.mkdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     (notax / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(RunDirError, match="has no taxonomy.parquet"):
-        inspect(model, run=notax, layer=0, head=0, tokenizer=tokenizer, figure=False)
+    # a run without a taxonomy (prune, restrict, ...): the regime from the captured rows
+    view = inspect(model, run=notax, layer=0, head=0, tokenizer=tokenizer, figure=False)
+    assert view.regime.get("regime")
+    # a run that read no window (a competition probe) names the runs that have them
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    manifest = {**manifest, "command": "competition",
+                "corpus": {**manifest["corpus"], "n_windows": 0}}
+    (probe / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RunDirError, match=r"a run of 'competition', which reads no window .*"
+                                          r"view an analyze or atlas run"):
+        inspect(model, run=probe, layer=0, head=0, tokenizer=tokenizer, figure=False)
     with pytest.raises(ConfigError, match="exactly one of a prompt"):
         inspect(model, PROMPT, run=run_dir, layer=0, head=0, tokenizer=tokenizer)
 

@@ -172,14 +172,19 @@ def read_run(run_dir) -> tuple[Path, dict]:
     if missing:
         raise RunDirError(f"run {run} cannot be viewed: its manifest's config lacks "
                           f"{', '.join(missing)} (needed to capture its windows again)")
-    if manifest.get("command") not in (None, "analyze"):
+    corpus = manifest.get("corpus") or {}
+    if not corpus.get("n_windows"):
         raise RunDirError(f"run {run} cannot be viewed: it is a run of "
-                          f"{manifest.get('command')!r}; the viewer reads an analyze run "
-                          "(its windows and taxonomy)")
-    if not (run / "taxonomy.parquet").is_file():
-        raise RunDirError(f"run {run} cannot be viewed: it has no taxonomy.parquet (the "
-                          "regimes; run analyze with the taxonomy analysis)")
+                          f"{manifest.get('command')!r}, which reads no window of the "
+                          "corpus; view an analyze or atlas run (attngeom analyze, attngeom "
+                          "atlas), or pass --prompt")
     return run, manifest
+
+
+def has_taxonomy(run: Path) -> bool:
+    """Whether the run holds the regimes of its heads (an analyze or atlas run with the
+    taxonomy); without, the viewer computes a head's regime from the rows it captures."""
+    return (Path(run) / "taxonomy.parquet").is_file()
 
 
 def run_config(manifest: dict):

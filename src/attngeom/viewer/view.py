@@ -29,6 +29,7 @@ from attngeom.viewer.source import (
     capture_layers,
     check_head,
     check_length,
+    has_taxonomy,
     prompt_ids,
     read_run,
     resolve_query,
@@ -37,6 +38,7 @@ from attngeom.viewer.source import (
 )
 
 DEFAULT_GRID = (1, 2, 4, 8, 16, 32)
+START_N = 4  # the N a view opens at
 TOP_KEYS = 256  # long contexts: the keys drawn one by one (the rest as a density)
 
 
@@ -98,9 +100,10 @@ class HeadView:
 
     @property
     def default_n(self) -> int:
-        """The N first shown: the largest N of the grid that is valid here."""
-        grid = [n for n in self.n_grid if n in set(self.ns.tolist())]
-        return int(max(grid) if grid else self.ns.max())
+        """The N first shown: 4 where it is valid (a small set, where the picture still
+        separates keys; the largest N is a smear of the whole row), else the smallest."""
+        valid = self.ns.tolist()
+        return START_N if START_N in valid else int(min(valid))
 
     def metrics(self, n: int | None = None, *, ranking: str | None = None,
                 distance: str | None = None) -> dict[str, float]:
@@ -404,14 +407,15 @@ def collect(prep: Prepared, pairs: Sequence[tuple[int, int, int]], *, n_grid, n_
         q = final_query(prep) if query is None else resolve_query(query, t, causal=causal)
         resolved.append((layer, head, q))
     rows = {q for _, _, q in resolved}
-    if prep.run is None:
+    from_run = prep.run is not None and has_taxonomy(prep.run)
+    if not from_run:  # the head's regime from the captured rows themselves
         rows |= set(regime_rows(t, causal))
     layers = sorted({layer for layer, _, _ in resolved})
     captured = capture_layers(prep.model, prep.input_ids, layers, sorted(rows))
     tokens = token_texts(prep.tokenizer, prep.input_ids.tolist())
     views, tables = [], {}
     for layer, head, q in resolved:
-        if prep.run is not None:
+        if from_run:
             regime = run_regime(prep.run, layer, head)
         else:
             regime = prompt_regime(captured[layer], head, t, tables)
