@@ -548,13 +548,15 @@ class RestrictConfig(_InterventionConfig):
                          help="integers below the bisection's pass tried upward")
     bootstrap: int = option(1000, check=Integer(0),
                             help="document bootstrap replicates of N*'s interval (0: none)")
-    scope: str = option("model", check=OneOf(RESTRICT_SCOPES),
+    # the localised scan's options: ``restrict-local`` shows them (``restrict`` computes
+    # N* over the scopes of --scopes; the API may still pass scope= here)
+    scope: str = option("model", check=OneOf(RESTRICT_SCOPES), cli=False,
                         help="model: N*_tau of the scopes above; layer: the localised scan, N "
                         "keys in one layer at a time; head: the layer scan, then each head "
                         "of the most sensitive layers")
-    scan_n: tuple[int, ...] = option((16,), check=Sizes(),
+    scan_n: tuple[int, ...] = option((16,), check=Sizes(), cli=False,
                                      help="kept entries N of the localised scan")
-    scan_top_layers: int = option(2, check=Integer(0),
+    scan_top_layers: int = option(2, check=Integer(0), cli=False,
                                   help="layers whose heads the head scan restricts one at a "
                                   "time (the most sensitive of the layer scan)")
 
@@ -900,12 +902,19 @@ class CompetitionContextConfig(CompetitionConfig):
          loss=True, study="local_restriction")
 @dataclass(frozen=True)
 class LocalRestrictConfig(RestrictConfig):
-    """``restrict --scope head`` under its own name, so that a study runs it beside
-    the whole-model restriction (study name ``local_restriction``)."""
+    """The localised scan (``restrict``'s ``scope = "head"``) under its own name, so that a
+    study runs it beside the whole-model restriction (study name ``local_restriction``)."""
 
+    scopes: tuple[str, ...] = option(("model",), check=SubsetOf(RESTRICT_SCOPES), cli=False,
+                                     help="not used by the localised scan (restrict's)")
     scope: str = option("head", check=OneOf(RESTRICT_SCOPES),
                         help="layer: N keys in one layer at a time; head: the layer scan, "
                         "then each head of the most sensitive layers")
+    scan_n: tuple[int, ...] = option((16,), check=Sizes(),
+                                     help="kept entries N of the localised scan")
+    scan_top_layers: int = option(2, check=Integer(0),
+                                  help="layers whose heads the head scan restricts one at a "
+                                  "time (the most sensitive of the layer scan)")
 
     def check_options(self) -> None:
         super().check_options()

@@ -296,13 +296,18 @@ class HeadScoreAccumulator(Accumulator):
                  tokens: Tensor | None = None) -> None:
         """Add the rows of one window at one layer: alpha (H, Q, T), values (G, T, d)."""
         t = alpha.shape[-1]
+        # a row with any non-finite attention counts nowhere (the analyses' contract)
+        finite = torch.isfinite(alpha).all(-1)  # (H, Q)
+        clean = torch.where(finite[..., None], alpha, 0.0)
         for name in self.scores:
             score = HEAD_TYPES[name]
             if score.needs_tokens and tokens is None:
                 continue
-            self._add(name, layer, *score.rows(alpha, query_positions, values,
-                                               None if tokens is None else tokens[:t],
-                                               self.streaming_window))
+            value, valid = score.rows(clean, query_positions, values,
+                                      None if tokens is None else tokens[:t],
+                                      self.streaming_window)
+            valid = valid.to(finite.device)
+            self._add(name, layer, value, (valid if valid.dim() == 2 else valid[None]) & finite)
 
     def update(self, batch: AttentionBatch) -> None:
         self._seen.add((batch.layer, batch.window))
