@@ -19,7 +19,7 @@ import pytest
 from attngeom.cli import main
 from attngeom.results.io import read_manifest
 from tests.architectures import STORIES_PATH, TINYSTORIES_PATH
-from tests.engine.test_resume import _env, _tables
+from tests.engine.test_resume import _env, _tables, _torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +40,20 @@ def _stage_shards(out: Path, stage: str) -> list[Path]:
     return sorted(out.glob(f".attngeom/*/{stage}/*.shard"))
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Each command's uninterrupted run, computed once for the tests that compare to it."""
+    out = {}
+    for name, (args, _) in COMMANDS.items():
+        out[name] = tmp_path_factory.mktemp(name) / "reference"
+        assert main([*args, "--out", str(out[name])]) == 0
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_a_killed_probe_resumes_to_identical_tables(name, tmp_path):
+def test_a_killed_probe_resumes_to_identical_tables(name, references, tmp_path):
     args, stage = COMMANDS[name]
-    reference = tmp_path / "reference"
-    assert main([*args, "--out", str(reference)]) == 0
+    reference = references[name]
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "attngeom", *args, "--out", str(out)],
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,3 +71,14 @@ def test_a_killed_probe_resumes_to_identical_tables(name, tmp_path):
     resumed = sum(v for k, v in counts.items() if k.startswith("resumed_"))
     assert resumed >= done > 0  # the finished units were read back, not run again
     assert not (out / ".attngeom").exists()
+
+
+def test_two_processes_split_the_qa_probe_units(references, tmp_path):
+    """Under torchrun the probe's units (blocks of examples, search rounds) are shared
+    between the processes, and the tables are those of one process."""
+    args, _ = COMMANDS["qa"]
+    out = tmp_path / "two"
+    done = _torchrun([*args, "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _tables(out) == _tables(references["qa"])
+    assert done.stdout.count("results:") == 1

@@ -33,6 +33,7 @@ from attngeom.errors import RunDirError
 from attngeom.results.state import STATE_DIR
 from attngeom.studies import claims
 from attngeom.studies.claims import Claim
+from attngeom.studies.estimate import cell_seconds
 from attngeom.studies.shards import Shard, resolve_shard
 from attngeom.studies.study import Cell, Study, find_study, load_study
 
@@ -138,16 +139,28 @@ def plan(study: Study, cells=None):
             "dtype": " ".join([cell.config.dtype] + [cell.config.quantization] * (
                 cell.config.quantization != "none")),
             "memory_gb": round(cell_memory_gb(study, cell), 2),
+            "minutes": round(cell_seconds(cell.command, cell.config, m.shape) / 60, 1),
             "source": m.model if m.available else f"{m.model} (not in the local cache)",
             "directory": str(cell.directory),
         })
     return pd.DataFrame(rows)
 
 
+def expected_time(table) -> str:
+    """The plan's estimated total, in words (``studies/estimate.py``)."""
+    minutes = table["minutes"].sum() if len(table) else 0.0
+    unknown = int(table["minutes"].isna().sum()) if len(table) else 0
+    if unknown == len(table):
+        return "expected time: unknown (no model shape could be read here)"
+    more = f", plus {unknown} cells of unknown models" if unknown else ""
+    return (f"expected time: about {max(1, round(minutes))} minutes on two CPU cores "
+            f"(an estimate from the cells' forward passes{more})")
+
+
 def format_plan(study: Study, table, shard: Shard | None = None) -> str:
     lines = [f"study {study.name}: {len(study.cells)} cells "
              f"({len(study.models)} models x {len(study.corpora)} corpora), analyses "
-             f"{', '.join(study.analyses)}"]
+             f"{', '.join(study.analyses)}", expected_time(table)]
     if shard is not None:
         start, stop = shard.bounds(len(study.cells))
         lines.append(f"share {shard} (from {shard.source}): cells {start + 1} to {stop}")
@@ -223,6 +236,7 @@ def reproduce(study_file, out=None, *, dry_run: bool = False, overwrite: bool = 
     out = Path(out)
     _check_out(out, study, overwrite)
     t0 = time.perf_counter()
+    _say(progress, f"study {study.name}: {len(cells)} cells; {expected_time(table)}")
     _check_documents(cells, out, overwrite=overwrite, progress=progress)
     dist = Distributed.from_env(cells[0].config.device)
     note = "reproduce" + (f" --shard {part}" if part else "")
