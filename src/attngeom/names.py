@@ -14,8 +14,10 @@ from attngeom.registry import Registry
 # --- top-N geometry (method: "Top-N selection"); the kernels (core/selection.py) switch
 # on the rule's name, so this registry holds names only; ``control``: the random control
 RULES: Registry[None] = Registry("selection rule", option="rules",
-                                 builtins=("attention", "contribution",
+                                 builtins=(("attention", {"oracle": True}), "contribution",
                                            ("random", {"control": True})))
+# the top-N oracle (the largest probabilities) every other restriction is compared with
+ORACLE = next(r for r in RULES if (RULES.meta(r) or {}).get("oracle"))
 # the rules that rank keys by what the model computed (every rule but the control)
 MODEL_RULES = tuple(r for r in RULES if not (RULES.meta(r) or {}).get("control"))
 DISTANCES = ("euclidean", "cosine")

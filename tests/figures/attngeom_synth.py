@@ -173,7 +173,8 @@ def make_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
          "n_star": ns, "n_star_status": "above_grid" if ns != ns else "within_grid",
          "ranking": "attention", "grid_n_star": ns, "n_star_low": ns, "n_star_high": ns,
          "n_evaluated": len(N_GRID), "search": "grid", "monotone": True, "note": "",
-         "window_length": 64, "n_star_bisect": ns, "n_star_interpolate": ns}
+         "window_length": 64, "n_star_bisect": ns, "n_star_interpolate": ns,
+         "oracle_n_star": ns, "ratio": 1.0, "ratio_low": 1.0, "ratio_high": 1.0}
         for renorm, tau, ns in ((True, 0.05, 16), (True, 0.1, 8), (False, 0.1, 16),
                                 (False, 0.05, float("nan")))])
     return {"metrics": metrics, "summary": summary, "sink": sink,

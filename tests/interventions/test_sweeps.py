@@ -435,3 +435,37 @@ def test_stories260k_prune_sweep_and_scan():
     assert top["delta_nll_rel"] == pytest.approx((removed - base.nll) / base.nll, abs=1e-12)
     assert top["delta_nll_rel"] > 0.01 and scan["critical"].any()
     assert scan["delta_nll_rel"].mean() > 0  # on average a trained head helps
+
+
+def test_ratio_to_the_oracle_pairs_the_bootstrap_replicates() -> None:
+    """Each ranking's N* over the attention oracle's (same scope and treatment), and an
+    interval from the same document draws for both: a ranking whose per-document losses
+    equal the oracle's has ratio 1 in every replicate."""
+    import numpy as np
+
+    from attngeom.interventions.nstar import NStarSearch, nstar_replicates
+    from attngeom.interventions.sweeps import Restriction, SearchResult, search_tables
+
+    base_docs = np.array([1.0, 1.1, 0.9, 1.2])
+
+    def result(ranking, per_n, nstar):
+        search = NStarSearch(evaluations={n: 0.0 for n in per_n}, nstar={0.05: nstar},
+                             grid_nstar={0.05: nstar}, monotone=True, notes=())
+        return SearchResult(Restriction("model", -1, -1, 1, False, ranking, 0), search,
+                            {n: float(np.mean(v)) for n, v in per_n.items()}, per_n)
+
+    oracle = {n: base_docs * (1 + 0.5 / n) for n in (1, 2, 4, 8, 16)}
+    twice = {n: base_docs * (1 + 1.0 / n) for n in (1, 2, 4, 8, 16, 32)}
+    results = [result("attention", oracle, 16), result("window", twice, 32),
+               result("contribution", oracle, 16)]
+    _, nstar = search_tables(results, 1.05, base_docs, (0.05,), length=64, bootstrap=200,
+                             seed=3)
+    by = nstar.set_index("ranking")
+    assert by.loc["attention", "ratio"] == 1.0 and by.loc["window", "ratio"] == 2.0
+    assert by.loc["window", "oracle_n_star"] == 16
+    assert by.loc["contribution", ["ratio_low", "ratio_high"]].tolist() == [1.0, 1.0]
+    mine = nstar_replicates(base_docs, twice, (0.05,), length=64, replicates=200, seed=3)
+    theirs = nstar_replicates(base_docs, oracle, (0.05,), length=64, replicates=200, seed=3)
+    q = mine[0.05] / theirs[0.05]
+    assert by.loc["window", "ratio_low"] == np.nanquantile(q, 0.025)
+    assert by.loc["window", "ratio_high"] == np.nanquantile(q, 0.975)

@@ -60,7 +60,9 @@ def restrict_tables() -> dict[str, pd.DataFrame]:
                               "n_star_low": found - 1, "n_star_high": found + 2,
                               "n_evaluated": len(ns), "search": "interpolate",
                               "monotone": True, "note": "", "window_length": 64,
-                              "n_star_bisect": found, "n_star_interpolate": found})
+                              "n_star_bisect": found, "n_star_interpolate": found,
+                              "oracle_n_star": found, "ratio": 1.0, "ratio_low": 1.0,
+                              "ratio_high": 1.0})
     return {"restrict": _checked("restrict", rows),
             "restrict_nstar": _checked("restrict_nstar", nstar)}
 

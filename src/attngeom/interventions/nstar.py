@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["NStarSearch", "both_rules", "bootstrap_nstar", "grid_powers", "lockstep",
-           "nstar_from",
+           "nstar_from", "nstar_replicates",
            "search_nstar", "search_rounds", "stable_nstar"]
 
 
@@ -589,6 +589,26 @@ def bootstrap_nstar(base: Sequence[float], restricted: Mapping[int, Sequence[flo
     if table.shape[1] != base.size:
         raise ConfigError(f"restricted: expected {base.size} documents per N, got "
                           f"{table.shape[1]}")
+    reps = nstar_replicates(base, restricted, taus, length=length, relative=relative,
+                            replicates=replicates, seed=seed)
+    out = {}
+    for tau, first in reps.items():
+        low, high = np.nanquantile(first, [(1 - level) / 2, (1 + level) / 2]) \
+            if not np.all(np.isnan(first)) else (math.nan, math.nan)
+        out[tau] = (float(low), float(high))
+    return out
+
+
+def nstar_replicates(base: Sequence[float], restricted: Mapping[int, Sequence[float]],
+                     taus: Sequence[float], *, length: int | None, relative: bool = True,
+                     replicates: int = 1000, seed: int = 0) -> dict[float, np.ndarray]:
+    """tau -> (R,) N*_tau of each bootstrap replicate (``bootstrap_nstar``'s draws). The
+    draws depend only on ``seed``, ``replicates`` and the number of documents, so two
+    searches over the same documents get the same draws: their replicates pair (a ratio
+    of two N* has an interval of its own)."""
+    base = np.asarray(base, dtype=np.float64)
+    ns = sorted(restricted)
+    table = np.stack([np.asarray(restricted[n], dtype=np.float64) for n in ns])
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, base.size, size=(int(replicates), base.size))
     mean_base = base[draws].mean(axis=1)  # (R,)
@@ -599,8 +619,5 @@ def bootstrap_nstar(base: Sequence[float], restricted: Mapping[int, Sequence[flo
     out = {}
     for tau in taus:
         ok = delta <= float(tau)  # (len(ns), R)
-        first = np.where(ok.any(axis=0), ns_arr[np.argmax(ok, axis=0)], fallback)
-        low, high = np.nanquantile(first, [(1 - level) / 2, (1 + level) / 2]) \
-            if not np.all(np.isnan(first)) else (math.nan, math.nan)
-        out[float(tau)] = (float(low), float(high))
+        out[float(tau)] = np.where(ok.any(axis=0), ns_arr[np.argmax(ok, axis=0)], fallback)
     return out

@@ -45,7 +45,7 @@ from attngeom.interventions.perplexity import (
     relative_delta,
 )
 from attngeom.interventions.rankers import HeadRanking
-from attngeom.names import STEPS
+from attngeom.names import ORACLE, STEPS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -91,7 +91,8 @@ RESTRICT_COLUMNS = (
 NSTAR_COLUMNS = (
     "scope", "layer", "head", "renormalize", "tau", "n_star", "n_star_status", "ranking",
     "grid_n_star", "n_star_low", "n_star_high", "n_evaluated", "search", "monotone", "note",
-    "window_length", "n_star_bisect", "n_star_interpolate",
+    "window_length", "n_star_bisect", "n_star_interpolate", "oracle_n_star", "ratio",
+    "ratio_low", "ratio_high",
 )  # fmt: skip
 LOCAL_COLUMNS = (
     "scope", "layer", "head", "ranking", "renormalize", "n", "nll", "delta_nll_rel",
@@ -395,6 +396,8 @@ def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.nd
     import pandas as pd
 
     rows, nstar_rows = [], []
+    oracle = _oracle_ratios(results, base_docs, taus, length=length, bootstrap=bootstrap,
+                            seed=seed, level=level)
     for r in results:
         s, found = r.setting, r.search
         measured = dict(r.nll)
@@ -419,13 +422,49 @@ def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.nd
                                len(found.evaluations), step if adaptive else "grid",
                                found.monotone, note, int(length),
                                *(_number(r.rules.get(rule, found.nstar).get(float(tau)))
-                                 for rule in STEPS)))
+                                 for rule in STEPS),
+                               *oracle.get((id(r), float(tau)), (math.nan,) * 4)))
     restrict = pd.DataFrame(rows, columns=list(RESTRICT_COLUMNS))
     restrict = restrict.astype({"layer": "int64", "head": "int64", "n": "int64"})
     nstar = pd.DataFrame(nstar_rows, columns=list(NSTAR_COLUMNS))
     nstar = nstar.astype({"layer": "int64", "head": "int64", "n_evaluated": "int64",
                           "window_length": "int64"})
     return restrict, nstar
+
+
+def _oracle_ratios(results: Sequence[SearchResult], base_docs: np.ndarray, taus, *,
+                   length: int, bootstrap: int, seed: int, level: float) -> dict:
+    """(id(result), tau) -> (oracle N*, ratio, ratio_low, ratio_high): each ranking's N*
+    over the attention ranking's (the top-N oracle: it keeps the largest probabilities)
+    of the same scope, target and treatment, with a paired document-bootstrap interval
+    (the same draws for both searches, so each replicate gives one ratio). The oracle's
+    own rows read 1; without an attention search, nothing."""
+    from attngeom.interventions.nstar import nstar_replicates
+
+    oracles = {(r.setting.scope, r.setting.layer, r.setting.head, r.setting.renormalize): r
+               for r in results if r.setting.ranking == ORACLE}
+    out: dict = {}
+    for r in results:
+        key = (r.setting.scope, r.setting.layer, r.setting.head, r.setting.renormalize)
+        o = oracles.get(key)
+        if o is None:
+            continue
+        reps = ({} if bootstrap < 1 else
+                (nstar_replicates(base_docs, r.docs, taus, length=length, replicates=bootstrap,
+                                  seed=seed),
+                 nstar_replicates(base_docs, o.docs, taus, length=length, replicates=bootstrap,
+                                  seed=seed)))
+        for tau in taus:
+            mine, theirs = r.search.nstar[float(tau)], o.search.nstar[float(tau)]
+            ratio = (math.nan if mine is None or not theirs else mine / theirs)
+            low = high = math.nan
+            if reps:
+                q = reps[0][float(tau)] / reps[1][float(tau)]
+                if np.isfinite(q).any():
+                    low, high = (float(x) for x in np.nanquantile(
+                        q, [(1 - level) / 2, (1 + level) / 2]))
+            out[(id(r), float(tau))] = (_number(theirs), ratio, low, high)
+    return out
 
 
 # --------------------------------------------------------------------------- localised scan

@@ -93,7 +93,8 @@ _DECLARED: dict[str, dict[str, str]] = {
     "restrict_nstar": _cols(
         _ID + "scope:s layer:i head:i renormalize:b tau:f n_star:f n_star_status:s "
         "ranking:s grid_n_star:f n_star_low:f n_star_high:f n_evaluated:i search:s "
-        "monotone:b note:s window_length:i n_star_bisect:f n_star_interpolate:f"
+        "monotone:b note:s window_length:i n_star_bisect:f n_star_interpolate:f "
+        "oracle_n_star:f ratio:f ratio_low:f ratio_high:f"
     ),
     "restrict_local": _cols(
         _ID + "scope:s layer:i head:i ranking:s renormalize:b n:i nll:f delta_nll_rel:f "
