@@ -24,6 +24,7 @@ import torch
 
 from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
 from attngeom.errors import ConfigError
+from attngeom.interventions.policies import latest
 
 RANKINGS = ("attention", "contribution", "positional")
 
@@ -32,16 +33,16 @@ def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
     """Boolean (..., T): position 0 and the n - 1 latest visible keys of each row.
 
     ``visible`` (..., T) bool. A row with at most n visible keys keeps them all; the
-    initial token is kept only where it is visible (a sliding window may hide it).
+    initial token is kept only where it is visible (a sliding window may hide it). On
+    a causal mask this is StreamingLLM's ``window`` policy with one sink
+    (``policies.window_keep``), which takes the first *visible* key instead.
 
     >>> positional_keep(torch.tensor([[True, True, True, True, True, False]]), 3).tolist()
     [[True, False, False, True, True, False]]
     """
-    later = visible.flip(-1).cumsum(-1).flip(-1) - visible.long()  # visible keys after j
-    recent = later < n - 1
     first = torch.zeros_like(visible)
     first[..., 0] = True
-    keep = visible & (recent | first)
+    keep = latest(visible, n - 1) | (visible & first)
     few = (visible.sum(-1, keepdim=True) <= n)
     return torch.where(few, visible, keep)
 
