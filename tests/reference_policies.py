@@ -54,8 +54,9 @@ def window(visible, n, num_heads, sinks=4):
 
 def h2o(probs, visible, n, heavy=0.5, accumulate="cache"):
     """H2O, step by step: recent r = n - floor(heavy n) latest visible keys never leave;
-    the cache takes them, drops what the row cannot see, and while it holds more than n
-    keys the non-recent key of least accumulated attention leaves (ties: the larger
+    the cache takes them and the row's own key, drops what the row cannot see, and
+    while it holds more than n keys the non-recent key of least accumulated attention
+    leaves (ties: the larger
     position); the row keeps the cache; then every cached key's score grows by the row's
     probability, over the cache's total (``cache``) or as it is (``full``)."""
     b, h_len, q_len, t = probs.shape
@@ -72,7 +73,7 @@ def h2o(probs, visible, n, heavy=0.5, accumulate="cache"):
                     cache = set(seen)
                 else:
                     recent = set(seen[-r:])
-                    cache = (cache | recent) & set(seen)
+                    cache = (cache | recent | {q + t - q_len}) & set(seen)
                     while len(cache) > n:
                         victim = min(cache - recent, key=lambda j: (score[j], -j))
                         cache.remove(victim)

@@ -18,13 +18,14 @@ from attngeom.interventions.restriction import restrict_topn
 from attngeom.interventions.selection import positional_keep
 
 TOL = tolerance_for(torch.float32)
-MASKS = ("causal", "padded", "sliding", "arbitrary")
+MASKS = ("causal", "padded", "holes", "sliding", "arbitrary")
 
 
 def _visible(kind: str, b: int, q: int, t: int, g: torch.Generator) -> torch.Tensor:
     """(B, 1, Q, T) visibility: causal (rows aligned to the last keys), left padding of a
-    few keys per batch row, a sliding window, or arbitrary bits (keys seen, lost, seen
-    again; rows with none)."""
+    few keys per batch row, keys masked anywhere (an attention mask with holes: each
+    batch row's recent keys start at a different position), a sliding window, or
+    arbitrary bits (keys seen, lost, seen again; rows with none)."""
     rows = torch.arange(q)[:, None] + (t - q)
     keys = torch.arange(t)[None, :]
     causal = keys <= rows
@@ -33,6 +34,8 @@ def _visible(kind: str, b: int, q: int, t: int, g: torch.Generator) -> torch.Ten
     elif kind == "padded":
         pads = torch.randint(0, max(t // 2, 1), (b, 1, 1), generator=g)
         vis = causal[None] & (keys[None] >= pads)
+    elif kind == "holes":
+        vis = causal[None] & (torch.rand(b, 1, t, generator=g) < 0.7)
     elif kind == "sliding":
         width = int(torch.randint(1, t + 1, (1,), generator=g))
         vis = (causal & (keys > rows - width))[None].expand(b, q, t)
@@ -53,7 +56,11 @@ def cases(draw, square: bool = False):
     d = draw(st.integers(1, 3))
     levels = draw(st.integers(1, 4))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    visible = _visible(draw(st.sampled_from(MASKS)), b, q, t, gen)
+    kind = draw(st.sampled_from(MASKS))
+    if draw(st.booleans()):  # one visibility row per batch row, as models build them
+        visible = _visible(kind, b, q, t, gen)
+    else:  # or one per head
+        visible = torch.cat([_visible(kind, b, q, t, gen) for _ in range(h)], dim=1)
     probs = torch.randint(0, levels + 1, (b, h, q, t), generator=gen).float() / 16
     query = torch.randint(-2, 3, (b, h, q, d), generator=gen).float()
     key = torch.randint(-2, 3, (b, g, t, d), generator=gen).float()
@@ -87,6 +94,10 @@ def test_h2o_equals_reference(case, heavy, accumulate):
 @settings(max_examples=150, deadline=None)
 @given(case=cases(square=True), heads=st.sampled_from(["layer", "head"]))
 def test_tova_equals_reference(case, heads):
+    if heads == "layer" and case["visible"].shape[1] > 1:  # one cache needs one mask
+        with pytest.raises(ConfigError, match="heads='layer'"):
+            _run("tova", case, {"heads": heads})
+        return
     expected = ref.tova(case["probs"], case["visible"], case["n"], heads)
     assert torch.equal(_run("tova", case, {"heads": heads}), expected)
 
@@ -224,6 +235,18 @@ def test_bad_policy_input_is_one_line(name, n, params, final_only, message):
     with pytest.raises(ConfigError, match=message) as err:
         check_policy(name, n, params, final_only=final_only)
     assert "\n" not in str(err.value)
+
+
+def test_greedy_policies_need_every_earlier_row_and_policies_their_inputs():
+    visible = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    probs = torch.full((1, 2, 3, 5), 0.2)
+    for name in ("h2o", "tova"):
+        with pytest.raises(ConfigError, match="got 3 rows for 5 keys"):
+            policy_keep(name, 2, visible=visible, probs=probs)
+    with pytest.raises(ConfigError, match="quest: expected query for the policy"):
+        policy_keep("quest", 16, visible=visible, probs=probs)
+    with pytest.raises(ConfigError, match="expected probs or query"):
+        policy_keep("window", 4, visible=visible)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from attngeom.errors import ConfigError
+from attngeom.interventions.eviction import evict_greedily, reversed_rows
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -58,109 +59,28 @@ def _counts(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return running, running[..., -1:]
 
 
-def latest(visible: torch.Tensor, m: int) -> torch.Tensor:
-    """Bool (…, T): the m latest visible keys of each row (all of them where fewer).
-
-    >>> latest(torch.tensor([True, False, True, True, True]), 2).tolist()
-    [False, False, False, True, True]
-    """
-    running, total = _counts(visible)
-    return visible & (total - running < m)
-
-
 def _few(visible: torch.Tensor, n: int) -> torch.Tensor:
     """(…, 1) bool: rows with at most n visible keys, which keep them all."""
     return visible.sum(-1, keepdim=True) <= n
 
 
-def _top_by_sort(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
+def _top_k(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
     """Bool (…, P): the k eligible entries of highest score, ties to the smaller index.
 
-    A stable descending sort (scores may be negative or +inf, which ``topn_keep``'s
-    marks do not allow); used on short rows (pages, one final row per head)."""
+    Every entry above the k-th largest score is kept, and of those equal to it the
+    first ones in index order fill the rest (scores may be negative or +inf, which
+    ``restriction.topn_keep``'s marks do not allow). A row with at most k eligible
+    entries keeps them all."""
     if k <= 0:
         return torch.zeros_like(eligible)
-    masked = torch.where(eligible, score, torch.full_like(score, -math.inf))
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
-    keep = torch.zeros_like(eligible)
-    keep.scatter_(-1, order[..., :k], True)
-    return keep & eligible
-
-
-def _greedy_rows(visible: torch.Tensor, n: int, state_heads: int,
-                 entering: Callable[[int, int], torch.Tensor | int],
-                 protected: Callable[[int, int], torch.Tensor | None],
-                 score: Callable[[int, int, torch.Tensor], torch.Tensor],
-                 after: Callable[[int, int, torch.Tensor], None] | None = None,
-                 ) -> torch.Tensor:
-    """The causal simulation h2o and tova share: (B, state_heads, Q, T) bool kept keys.
-
-    Row by row (query position p = q + T - Q): the cache (B, state_heads, T) takes the
-    keys ``entering(q, reach)`` (a bool (…, reach) mask or a position), loses the keys
-    the row cannot see, then, while a row of it holds more than n keys, evicts the
-    unprotected key of smallest ``score(q, reach, cache)`` ((B, state_heads, reach),
-    computed once per row, before any eviction), ties to the larger position (so the
-    smaller one stays). A row with at most n visible keys keeps exactly those. ``after``
-    sees the row's kept keys (h2o accumulates there). Columns past the row's last
-    visible key (over the batch) are never touched.
-    """
-    b, _, q_len, t = visible.shape
-    if q_len != t:
-        raise ConfigError(f"expected one query row per key for a greedy policy (its cache "
-                          f"is built from every earlier row), got {q_len} rows for {t} keys")
-    cache = torch.zeros((b, state_heads, t), dtype=torch.bool, device=visible.device)
-    keep = torch.zeros((b, state_heads, q_len, t), dtype=torch.bool, device=visible.device)
-    positions = torch.arange(t, device=visible.device)
-    last = torch.where(visible, positions, -1).amax(-1).amax(1).amax(0)  # (Q,)
-    reaches = (last + 1).tolist()
-    counts = visible.sum(-1)  # (B, 1|H, Q)
-    all_few = (counts <= n).flatten(0, 1).all(0).tolist()
-    any_few = (counts <= n).flatten(0, 1).any(0).tolist()
-    few_rows = counts <= n
-    high = 0  # the cache holds no key at or past this column
-    for q in range(q_len):
-        r = reaches[q]
-        if r < high:  # keys past the row's reach are invisible to it: they leave
-            cache[..., r:high] = False
-        high = r
-        if r == 0:  # no key visible anywhere in this row
-            continue
-        c = cache[..., :r]
-        v = visible[:, :, q, :r]
-        if all_few[q]:
-            c.copy_(v.expand_as(c))
-        else:
-            new = entering(q, r)
-            if isinstance(new, int):
-                if new < r:
-                    c[..., new] = True
-            else:
-                c |= new
-            c &= v
-            guard = protected(q, r)
-            count = c.sum(-1)
-            over = count > n
-            if bool(over.any()):
-                s = score(q, r, c)
-                candidates = c if guard is None else c & ~guard
-                s = torch.where(candidates, s, torch.full_like(s, math.inf))
-                flipped = s.flip(-1)
-                while True:
-                    # argmin returns the first minimum: on the flipped row, the last one
-                    j = (r - 1) - flipped.argmin(-1, keepdim=True)
-                    gone = c.gather(-1, j) & ~over[..., None]
-                    c.scatter_(-1, j, gone)
-                    flipped.scatter_(-1, (r - 1) - j, math.inf)
-                    count -= over.to(count.dtype)
-                    over = count > n
-                    if not bool(over.any()):
-                        break
-            if any_few[q]:
-                c.copy_(torch.where(few_rows[:, :, q, None], v, c))
-        keep[:, :, q, :r] = c
-        if after is not None:
-            after(q, r, c)
-    return keep
+    if k >= score.shape[-1]:
+        return eligible.expand_as(score).clone()
+    masked = torch.where(eligible, score, -math.inf)
+    kth = masked.topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above = masked > kth
+    tie = (masked == kth) & eligible
+    room = k - above.sum(-1, keepdim=True)
+    return (above | (tie & (tie.cumsum(-1) <= room))) & eligible
 
 
 # ----------------------------------------------------------------------------- policies
@@ -206,23 +126,20 @@ def h2o_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *, heavy: float
 
     ``probs`` (B, H, Q, T), ``visible`` (B, 1|H, Q, T); returns (B, H, Q, T) bool.
     """
-    b, h, _, _ = probs.shape
-    recent = latest(visible, n - math.floor(heavy * n))
-    acc = torch.zeros((b, h, probs.shape[-1]), dtype=torch.float64, device=probs.device)
+    b, h, _, t = probs.shape
+    acc = torch.zeros((b, h, t), dtype=torch.float64, device=probs.device)  # reversed keys
+    rows = reversed_rows(probs, torch.float64)
     tiny = torch.finfo(torch.float64).tiny
 
-    def after(q: int, r: int, cached: torch.Tensor) -> None:
-        held = torch.where(cached, probs[:, :, q, :r].to(torch.float64), 0.0)
+    def after(q: int, start: int, cached: torch.Tensor) -> None:
+        held = rows(q)[..., start:] * cached
         if accumulate == "cache":
-            acc[..., :r].addcdiv_(held, held.sum(-1, keepdim=True).clamp_min_(tiny))
+            acc[..., start:].addcdiv_(held, held.sum(-1, keepdim=True).clamp_min_(tiny))
         else:
-            acc[..., :r] += held
+            acc[..., start:] += held
 
-    return _greedy_rows(visible, n, h,
-                        entering=lambda q, r: recent[:, :, q, :r],
-                        protected=lambda q, r: recent[:, :, q, :r],
-                        score=lambda q, r, cached: acc[..., :r],
-                        after=after)
+    return evict_greedily(visible, n, h, n - math.floor(heavy * n),
+                          score=lambda q, start, cached: acc[..., start:], after=after)
 
 
 def tova_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
@@ -242,26 +159,24 @@ def tova_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
     eviction comes first, so the row keeps at most n keys like every other ranking.
     ``probs`` (B, H, Q, T), ``visible`` (B, 1|H, Q, T); returns (B, 1 or H, Q, T) bool.
     """
-    b, h, q_len, t = probs.shape
-    shift = t - q_len
+    b, h, _, _ = probs.shape
     per_head = heads == "head"
     if not per_head and visible.shape[1] != 1:
         raise ConfigError("tova: expected one visibility row per batch row for heads='layer' "
                           f"(a layer-wide cache), got {visible.shape[1]} per head; "
                           "use heads='head'")
 
-    def score(q: int, r: int, cached: torch.Tensor) -> torch.Tensor:
-        row = probs[:, :, q, :r]
+    rows = reversed_rows(probs, torch.float32 if per_head else torch.float64)
+
+    def score(q: int, start: int, cached: torch.Tensor) -> torch.Tensor:
+        row = rows(q)[..., start:]
         if per_head:
             return row
-        held = torch.where(cached, row.to(torch.float64), 0.0)
+        held = row * cached
         total = held.sum(-1, keepdim=True).clamp_min_(torch.finfo(torch.float64).tiny)
         return (held / total).mean(1, keepdim=True)
 
-    return _greedy_rows(visible, n, h if per_head else 1,
-                        entering=lambda q, r: q + shift,
-                        protected=lambda q, r: None,
-                        score=score)
+    return evict_greedily(visible, n, h if per_head else 1, 0, score=score)
 
 
 def quest_keep(query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor, n: int, *,
@@ -305,7 +220,11 @@ def quest_keep(query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor, n:
     q64 = query.to(torch.float64)
     plus, minus = q64.clamp_min(0), q64.clamp_max(0)
     score = plus @ up.transpose(-1, -2) + minus @ down.transpose(-1, -2)  # (B, H, Q, P)
-    partial = (seen & ~whole)[:, 0]  # (B, Q, P): bounds over the visible keys only
+    own = (torch.arange(q_len, device=key.device) + (t - q_len)) // page_size  # (Q,)
+    is_own = torch.arange(pages, device=key.device) == own[:, None]  # (Q, P)
+    # pages the row sees in part (the own page aside, kept unscored): bounds over the
+    # visible keys only (padding, sliding windows)
+    partial = (seen & ~whole & ~is_own)[:, 0]  # (B, Q, P)
     bi, qi, pi = partial.nonzero(as_tuple=True)
     if len(bi):
         mask = vis[bi, 0, qi, pi][:, None, :, None]  # (L, 1, page, 1)
@@ -314,12 +233,11 @@ def quest_keep(query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor, n:
         low_p = torch.where(mask, block, math.inf).amin(2).repeat_interleave(group, 1)
         qv = q64[bi, :, qi]  # (L, H, d)
         score[bi, :, qi, pi] = (qv.clamp_min(0) * top_p + qv.clamp_max(0) * low_p).sum(-1)
-    own = (torch.arange(q_len, device=key.device) + (t - q_len)) // page_size  # (Q,)
-    is_own = torch.arange(pages, device=key.device) == own[:, None]  # (Q, P)
     score = torch.where(is_own & seen, math.inf, score)
-    page_keep = _top_by_sort(score, seen.expand_as(score), n // page_size)
-    keep = page_keep.repeat_interleave(page_size, -1)[..., :t] & visible
-    return torch.where(_few(visible, n), visible, keep)
+    page_keep = _top_k(score, seen, n // page_size)
+    page_keep |= seen & _few(visible, n)  # a row with at most n visible keys keeps them
+    keys_kept = page_keep[..., None].expand(*page_keep.shape, page_size)
+    return keys_kept.reshape(*page_keep.shape[:-1], pages * page_size)[..., :t] & visible
 
 
 def snapkv_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *, window: int = 32,
@@ -357,7 +275,7 @@ def snapkv_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *, window: i
             pooled = torch.maximum(pooled, padded[..., o:o + prefix])
     if pooling == "avgpool":
         pooled /= kernel
-    chosen = _top_by_sort(pooled, last[..., :prefix], n - window)
+    chosen = _top_k(pooled, last[..., :prefix], n - window)
     row = torch.cat([chosen, last[..., prefix:]], dim=-1)
     keep[:, :, -1] = torch.where(last.sum(-1, keepdim=True) <= n, last, row)
     return keep
@@ -386,7 +304,7 @@ def knorm_keep(key: torch.Tensor, visible: torch.Tensor, n: int) -> torch.Tensor
         return keep
     norms = key.to(torch.float64).square().sum(-1)  # squared: the same order
     norms = norms.repeat_interleave(heads // g, 1)  # (B, heads, T)
-    keep[:, :, -1] = _top_by_sort(-norms, last, n)
+    keep[:, :, -1] = _top_k(-norms, last, n)
     return keep
 
 

@@ -24,7 +24,7 @@ import torch
 
 from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
 from attngeom.errors import ConfigError
-from attngeom.interventions.policies import latest
+from attngeom.interventions.eviction import latest
 
 RANKINGS = ("attention", "contribution", "positional")
 
