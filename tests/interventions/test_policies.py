@@ -134,7 +134,7 @@ def test_every_policy_keeps_at_most_n_visible_and_final_only_touches_the_last_ro
                                                                                  name):
     n = max(case["n"], 4)
     case["n"] = n
-    params = {"page_size": 2} if name == "quest" else {}
+    params = {"quest": {"page_size": 2}, "tova": {"heads": "head"}}.get(name, {})
     keep = _run(name, case, params)
     visible = case["visible"].expand_as(keep)
     assert not bool((keep & ~visible).any())
