@@ -35,8 +35,9 @@ def _result(b, h, q, t, rows):
     return torch.tensor(out, dtype=torch.bool).reshape(b, h, q, t)
 
 
-def window(visible, n, num_heads, sinks=4):
-    """StreamingLLM: the first ``sinks`` visible keys and the n - sinks latest ones."""
+def _each_row(visible, n, num_heads, choose):
+    """Every row of (B, ``num_heads``, Q, T): the keys ``choose(i, h, q, seen)`` keeps
+    where the row sees more than n keys (``seen``, in order), all of them elsewhere."""
     b, _, q_len, t = visible.shape
     vis = visible.tolist()
     rows = {}
@@ -44,12 +45,16 @@ def window(visible, n, num_heads, sinks=4):
         for h in range(num_heads):
             for q in range(q_len):
                 seen = _visible(vis, i, h, q)
-                if len(seen) <= n:
-                    rows[i, h, q] = seen
-                else:
-                    recent = seen[len(seen) - (n - sinks):] if n > sinks else []
-                    rows[i, h, q] = seen[:sinks] + recent
+                rows[i, h, q] = seen if len(seen) <= n else choose(i, h, q, seen)
     return _result(b, num_heads, q_len, t, rows)
+
+
+def window(visible, n, num_heads, sinks=4):
+    """StreamingLLM: the first ``sinks`` visible keys and the n - sinks latest ones."""
+    def choose(i, h, q, seen):
+        return seen[:sinks] + (seen[len(seen) - (n - sinks):] if n > sinks else [])
+
+    return _each_row(visible, n, num_heads, choose)
 
 
 def h2o(probs, visible, n, heavy=0.5, accumulate="cache"):
@@ -148,7 +153,7 @@ def quest(query, key, visible, n, page_size=16):
     b, h_len, q_len, d = query.shape
     g, t = key.shape[1], key.shape[2]
     group = h_len // g
-    vis, qs, ks = visible.tolist(), query.double().tolist(), key.double().tolist()
+    qs, ks = query.double().tolist(), key.double().tolist()
     known = {}
 
     def bounds(i, kv, members):
@@ -160,32 +165,25 @@ def quest(query, key, visible, n, page_size=16):
                 [min(ks[i][kv][j][c] for j in members) for c in range(d)])
         return known[i, kv, members]
 
-    rows = {}
-    for i in range(b):
-        for h in range(h_len):
-            for q in range(q_len):
-                seen = _visible(vis, i, h, q)
-                if len(seen) <= n:
-                    rows[i, h, q] = seen
-                    continue
-                pages: dict[int, list[int]] = {}
-                for j in seen:
-                    pages.setdefault(j // page_size, []).append(j)
-                qv = qs[i][h][q]
-                scores = {}
-                for page, members in pages.items():
-                    top, low = bounds(i, h // group, tuple(members))
-                    total = 0.0
-                    for c in range(d):
-                        total += max(qv[c] * top[c], qv[c] * low[c])
-                    scores[page] = total
-                own = (q + t - q_len) // page_size
-                budget = n // page_size
-                chosen = [own] if own in pages else []
-                others = sorted((p for p in pages if p != own), key=lambda p: (-scores[p], p))
-                chosen += others[:max(budget - len(chosen), 0)]
-                rows[i, h, q] = sorted(j for p in chosen for j in pages[p])
-    return _result(b, h_len, q_len, t, rows)
+    def choose(i, h, q, seen):
+        pages: dict[int, list[int]] = {}
+        for j in seen:
+            pages.setdefault(j // page_size, []).append(j)
+        qv = qs[i][h][q]
+        scores = {}
+        for page, members in pages.items():
+            top, low = bounds(i, h // group, tuple(members))
+            total = 0.0
+            for c in range(d):
+                total += max(qv[c] * top[c], qv[c] * low[c])
+            scores[page] = total
+        own = (q + t - q_len) // page_size
+        chosen = [own] if own in pages else []
+        others = sorted((p for p in pages if p != own), key=lambda p: (-scores[p], p))
+        chosen += others[:max(n // page_size - len(chosen), 0)]
+        return sorted(j for p in chosen for j in pages[p])
+
+    return _each_row(visible, n, h_len, choose)
 
 
 def snapkv(probs, visible, n, window=32, kernel=5, pooling="avgpool"):
@@ -193,63 +191,57 @@ def snapkv(probs, visible, n, window=32, kernel=5, pooling="avgpool"):
     before position T - window, pooled over ``kernel`` neighbours (average with the
     zero padding counted, or maximum over those present), the n - window best kept plus
     the window's keys; every other row keeps its visible keys."""
-    b, h_len, q_len, t = probs.shape
+    _, h_len, q_len, t = probs.shape
     prefix = t - window
     half = kernel // 2
-    vis, prob = visible.tolist(), probs.double().tolist()
-    rows = {}
-    for i in range(b):
-        for h in range(h_len):
-            for q in range(q_len - 1):
-                rows[i, h, q] = _visible(vis, i, h, q)
-            seen = _visible(vis, i, h, q_len - 1)
-            if len(seen) <= n or prefix <= 0:
-                rows[i, h, q_len - 1] = seen
-                continue
-            voters = [q for q in range(q_len) if q + t - q_len >= prefix]
-            votes = []
-            for j in range(prefix):
+    prob = probs.double().tolist()
+
+    def choose(i, h, q, seen):
+        if q < q_len - 1 or prefix <= 0:
+            return seen
+        voters = [q for q in range(q_len) if q + t - q_len >= prefix]
+        votes = []
+        for j in range(prefix):
+            total = 0.0
+            for v in voters:
+                total += prob[i][h][v][j]
+            votes.append(total)
+        pooled = []
+        for j in range(prefix):
+            near = [votes[j + o] for o in range(-half, half + 1) if 0 <= j + o < prefix]
+            if pooling == "avgpool":
                 total = 0.0
-                for q in voters:
-                    total += prob[i][h][q][j]
-                votes.append(total)
-            pooled = []
-            for j in range(prefix):
-                near = [votes[j + o] for o in range(-half, half + 1) if 0 <= j + o < prefix]
-                if pooling == "avgpool":
-                    total = 0.0
-                    for x in near:
-                        total += x
-                    pooled.append(total / kernel)
-                else:
-                    pooled.append(max(near))
-            earlier = sorted((j for j in seen if j < prefix), key=lambda j: (-pooled[j], j))
-            rows[i, h, q_len - 1] = sorted(earlier[:n - window] +
-                                           [j for j in seen if j >= prefix])
-    return _result(b, h_len, q_len, t, rows)
+                for x in near:
+                    total += x
+                pooled.append(total / kernel)
+            else:
+                pooled.append(max(near))
+        earlier = sorted((j for j in seen if j < prefix), key=lambda j: (-pooled[j], j))
+        return sorted(earlier[:n - window] + [j for j in seen if j >= prefix])
+
+    return _each_row(visible, n, h_len, choose)
 
 
 def knorm(key, visible, n, num_heads):
     """K-norm on the last row: the n visible keys of least L2 norm of the row's kv head
     (ties: the smaller position); every other row keeps its visible keys."""
-    b, g, t, d = key.shape
+    g, d = key.shape[1], key.shape[3]
     q_len = visible.shape[2]
     group = num_heads // g
-    vis, ks = visible.tolist(), key.double().tolist()
-    rows = {}
-    for i in range(b):
-        for h in range(num_heads):
-            for q in range(q_len - 1):
-                rows[i, h, q] = _visible(vis, i, h, q)
-            seen = _visible(vis, i, h, q_len - 1)
-            norms = {}
-            for j in seen:
-                total = 0.0
-                for c in range(d):
-                    total += ks[i][h // group][j][c] ** 2
-                norms[j] = math.sqrt(total)
-            rows[i, h, q_len - 1] = sorted(sorted(seen, key=lambda j: (norms[j], j))[:n])
-    return _result(b, num_heads, q_len, t, rows)
+    ks = key.double().tolist()
+
+    def choose(i, h, q, seen):
+        if q < q_len - 1:
+            return seen
+        norms = {}
+        for j in seen:
+            total = 0.0
+            for c in range(d):
+                total += ks[i][h // group][j][c] ** 2
+            norms[j] = math.sqrt(total)
+        return sorted(sorted(seen, key=lambda j: (norms[j], j))[:n])
+
+    return _each_row(visible, n, num_heads, choose)
 
 
 REFERENCES = {"window": window, "h2o": h2o, "tova": tova, "quest": quest, "snapkv": snapkv,
