@@ -30,8 +30,9 @@ Conventions shared by every ``<policy>_keep`` (the reference loops in
 - the greedy policies (h2o, tova) are simulated causally over the rows in order: the
   cache a row sees is what the policy holds after the earlier rows, plus the row's own
   key, less what it evicts now; the rows are looped over, the batch and heads are not.
-- scores a policy ranks by are computed in float64 (a float32 sum would turn near-ties
-  into different choices from the float64 reference).
+- the scores a policy ranks by are computed in float64 (a float32 sum would turn
+  near-ties into different choices from the float64 reference); head-wise tova ranks
+  the float32 probabilities themselves, exactly.
 
 ``POLICIES`` is the one declaration of the names, their functions, parameters (with
 defaults and constraints), the inputs each reads, whether it is prefill-only and the

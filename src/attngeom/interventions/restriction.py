@@ -18,6 +18,11 @@ the keys ordered by a counter-based hash of (seed, window, layer, head, t, key),
 kept sets are nested in n and reproducible whatever the batch; ties, about one row in
 ten thousand at T = 1024, go to the smaller position). Selection is recomputed at every
 layer from the activations as the restriction has changed them.
+
+A sparse-attention policy (``interventions.policies``: StreamingLLM, H2O, TOVA, Quest,
+SnapKV, K-norm) is a ranking too: its keep mask replaces the top-n one, and the same
+deletion or renormalisation (``_drop_in_place``) and output recomputation follow.
+``final_only`` restricts each sequence's last query row alone (a prompt's final query).
 """
 
 from __future__ import annotations
