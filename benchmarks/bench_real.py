@@ -21,7 +21,10 @@ Top-N restriction (issue 30's Speed target: a restricted forward at most 1.5x th
 forward at T = 1024): ``--restrict`` times, on the same batch, the eager forward (the
 model switched to transformers' eager attention, no weights returned) against the
 forward inside ``restrict_topn`` at N = 64 for each ranking, deletion, and the plain
-(sdpa) forward beside them; ``--restrict-only`` runs just that.
+(sdpa) forward beside them; ``--restrict-only`` runs just that. The rankings include the
+sparse-attention policies (issue 39's target: at most 2x the eager forward): ``window``,
+``h2o``, ``tova``, ``quest`` restrict every row; ``snapkv`` and ``knorm``, prefill
+compression, the final row (``final_only``), after the same eager probabilities.
 
 Run: ``make bench-real`` (writes ``benchmarks/results-real-cpu.json``) or
 ``.venv/bin/python benchmarks/bench_real.py [--repeats 3] [--json F]``. It needs the
@@ -124,6 +127,7 @@ def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
     probabilities more than once)."""
     import torch
 
+    from attngeom.interventions.policies import POLICIES
     from attngeom.interventions.restriction import RANKINGS, restrict_topn
 
     case = RealCase(threads)
@@ -138,9 +142,12 @@ def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
     out: dict = {"n": RESTRICT_N, "previous_implementation": previous}
     try:
         model.set_attn_implementation("eager")
-        for ranking in rankings or RANKINGS:
-            def restricted(ranking=ranking) -> None:
-                with restrict_topn(model, RESTRICT_N, renormalize=False, ranking=ranking):
+        for ranking in rankings or (*RANKINGS, *POLICIES):
+            final = ranking in POLICIES and POLICIES[ranking].prefill_only
+
+            def restricted(ranking=ranking, final=final) -> None:
+                with restrict_topn(model, RESTRICT_N, renormalize=False, ranking=ranking,
+                                   final_only=final):
                     eager_forward()
 
             restricted()  # warm-up
@@ -164,10 +171,11 @@ def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
 
 
 def _print_restrict(rows: dict) -> None:
-    if "attention" not in rows:
+    names = [k for k, r in rows.items() if isinstance(r, dict) and "pairs" in r]
+    if not names:
         print(f"restrict {rows.get('status')}: {rows.get('stderr_tail')}")
         return
-    for ranking in [r for r in ("attention", "contribution", "random") if r in rows]:
+    for ranking in names:
         r = rows[ranking]
         lo, hi = r["pairs"]
         print(f"restrict {ranking:12s} N={rows['n']} {r['restricted_over_eager']:.2f}x the eager "
@@ -197,7 +205,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--restrict", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rankings", default=None,
-                    help="rankings of the restricted-forward timing (default: all three)")
+                    help="rankings of the restricted-forward timing (default: the three "
+                         "rankings and the six policies)")
     ap.add_argument("--restrict-only", action="store_true",
                     help="only the restricted-forward timing (issue 30's Speed target)")
     args = ap.parse_args()

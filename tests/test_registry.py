@@ -116,3 +116,18 @@ def test_the_scan_finds_a_copied_list(tmp_path) -> None:
     f.write_text('RANKS = ("attention", "contribution", "random")\nPAIR = ("layer", "head")\n')
     assert _spelt_lists(f, _registries()) and len(_spelt_lists(f, _registries())) >= 1
     assert all("RANKS" not in x for x in _spelt_lists(f, {"X": {"layer", "head", "model"}}))
+
+
+def test_the_policies_declared_in_names_are_the_policies_registered() -> None:
+    """names.RANKINGS declares each policy's fixed part and prefill-only flag for the
+    configuration (no torch); they are the policy's own at its default parameters."""
+    from attngeom.interventions.policies import POLICIES
+
+    for name, policy in POLICIES.items():
+        meta = names.RANKINGS.meta(name)
+        defaults = {k: p.default for k, p in policy.params.items()}
+        assert meta["kind"] == "policy" and names.RANKINGS[name] is policy
+        assert meta["fixed"] == policy.fixed(defaults), name
+        assert bool(meta.get("prefill_only")) == policy.prefill_only, name
+    assert {n for n in names.RANKINGS if names.RANKINGS.meta(n)["kind"] == "policy"} == {
+        *POLICIES, "positional"}

@@ -62,12 +62,23 @@ RANKERS: Registry = Registry(
     builtins=("taxonomy", "magnitude", "entropy", "random", "gradient", "sensitivity"),
     module="attngeom.interventions.rankers")
 # which N keys a restriction keeps (``restrict --rankings``, ``competition --rankings``):
-# the geometry's rules as scores, and the positional control of the follow-up (App. E.5:
-# the initial token and the N - 1 most recent keys). ``fixed``: keys every budget holds.
-RANKINGS: Registry[None] = Registry(
+# the geometry's rules as scores (attention is the top-N oracle), the positional control
+# of the follow-up (App. E.5: the initial token and the N - 1 most recent keys) and the
+# sparse-attention policies (``interventions/policies.py``: StreamingLLM's window, H2O,
+# TOVA, Quest; SnapKV and K-norm compress a prompt once, for its final query only).
+# ``fixed``: the keys the policy's own rule holds at its default parameters (a smaller
+# budget is refused); ``prefill_only``: not for an LM loss, which restricts every query.
+RANKINGS: Registry = Registry(
     "restriction ranking", option="rankings",
     builtins=(*((r, {"kind": "score", "fixed": 0}) for r in RULES),
-              ("positional", {"kind": "policy", "fixed": 1})))
+              ("positional", {"kind": "policy", "fixed": 1}),
+              ("window", {"kind": "policy", "fixed": 4}),
+              ("h2o", {"kind": "policy", "fixed": 1}),
+              ("tova", {"kind": "policy", "fixed": 1}),
+              ("quest", {"kind": "policy", "fixed": 16}),
+              ("snapkv", {"kind": "policy", "fixed": 32, "prefill_only": True}),
+              ("knorm", {"kind": "policy", "fixed": 1, "prefill_only": True})),
+    module="attngeom.interventions.restriction")
 RANKER_REGIMES = (MIXER, RESET, RETRIEVER)  # the taxonomy ranker's default order
 # how the N* search narrows a bracket (``interventions/nstar.py``): the follow-up's
 # midpoints, or a prediction from the log-log curve (the same N* where the loss is monotone)

@@ -18,12 +18,18 @@ the keys ordered by a counter-based hash of (seed, window, layer, head, t, key),
 kept sets are nested in n and reproducible whatever the batch; ties, about one row in
 ten thousand at T = 1024, go to the smaller position). Selection is recomputed at every
 layer from the activations as the restriction has changed them.
+
+A sparse-attention policy (``interventions.policies``: StreamingLLM, H2O, TOVA, Quest,
+SnapKV, K-norm) is a ranking too: its keep mask replaces the top-n one, and the same
+deletion or renormalisation (``_drop_in_place``) and output recomputation follow.
+``final_only`` restricts each sequence's last query row alone (a prompt's final query).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -37,9 +43,24 @@ from attngeom.capture import (
 from attngeom.core.kernels import ORDER_MIN, hash32_rows, hashed_positions
 from attngeom.core.random_control import row_states
 from attngeom.errors import ConfigError
+from attngeom.interventions.policies import POLICIES, check_policy, policy_keep
 from attngeom.names import RANKINGS, RULES
 
 SCORED = RULES.names()  # the rankings that keep the n keys of highest score
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A restriction ranking that is not a policy: the n keys of highest ``score`` (one
+    of the geometry's rules), or the follow-up's positional control (``interventions
+    .selection.positional_restriction``)."""
+
+    score: str | None = None
+
+
+for _rule in SCORED:
+    RANKINGS.register(_rule, Ranked(_rule))
+RANKINGS.register("positional", Ranked(None))
 
 # query rows per ``topk`` block when rows say how far their visible keys reach: a causal
 # block of 128 rows at T = 1024 reads on average 56% of the columns a full row would
@@ -201,22 +222,42 @@ def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch
                        reach: torch.Tensor | None = None, by_probs: bool = False,
                        ) -> torch.Tensor:
     """Restrict ``probs`` in place (see ``restrict_probabilities``); returns the (B, H,
-    Q, 1) rows that lost probability. ``heads`` (H,) bool: only these heads' rows are
-    restricted. ``masked``: ``scores`` holds the invisible mark already. ``scratch``
-    lends the (B, H, Q, T) bool buffers; ``reach`` as in ``topn_keep``. ``by_probs``:
-    the scores are the probabilities (the attention ranking), so a row loses
-    probability exactly where its (n + 1)-th largest visible one is positive (more than
-    n positive keys, all ranked above the zeros): no pass over the row to find out."""
+    Q, 1) rows that lost probability. ``heads``: the rows allowed to change, bool (H,)
+    (those heads) or broadcastable to (B, H, Q, 1). ``masked``: ``scores`` holds the
+    invisible mark already. ``scratch`` lends the (B, H, Q, T) bool buffers; ``reach``
+    as in ``topn_keep``. ``by_probs``: the scores are the probabilities (the attention
+    ranking), so a row loses probability exactly where its (n + 1)-th largest visible
+    one is positive (more than n positive keys, all ranked above the zeros): no pass
+    over the row to find out."""
     scratch = scratch or _Scratch()
     shape = probs.shape
     keep, after = _topn(scores, visible, n, masked=masked, reach=reach,
                         out=scratch.get("keep", shape, torch.bool, probs.device))
-    drop = torch.logical_not(keep, out=keep)
+    rows = None
     if after is None:  # n >= T: no row can lose a key
         rows = torch.zeros((*shape[:-1], 1), dtype=torch.bool, device=probs.device)
     elif by_probs:
         rows = after > 0
-    else:
+    return _drop_in_place(probs, keep, visible, renormalize, rows=rows, heads=heads,
+                          scratch=scratch)
+
+
+def _drop_in_place(probs: torch.Tensor, keep: torch.Tensor, visible: torch.Tensor,
+                   renormalize: bool, *, rows: torch.Tensor | None = None,
+                   heads: torch.Tensor | None = None, scratch: _Scratch | None = None,
+                   ) -> torch.Tensor:
+    """Zero ``probs`` outside ``keep`` (bool, broadcastable to ``probs``) in the rows that
+    lose probability by it, optionally renormalise them; returns those (B, H, Q, 1) rows.
+
+    ``rows``: the rows that lose probability when the caller knows them already
+    (otherwise a row loses where a visible key it does not keep has p > 0); ``heads``
+    as in ``_restrict_in_place``. The one place deletion and renormalisation happen, for
+    the top-n rankings and the sparse-attention policies alike."""
+    scratch = scratch or _Scratch()
+    shape = probs.shape
+    out = scratch.get("keep", shape, torch.bool, probs.device)
+    drop = torch.logical_not(keep if keep is out else keep.expand(shape), out=out)
+    if rows is None:
         # a row loses probability where a visible key it does not keep has p > 0
         lost = scratch.get("lost", shape, torch.bool, probs.device)
         torch.gt(probs, 0, out=lost)
@@ -224,7 +265,7 @@ def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch
         # ``any`` over a bool row is a scalar loop on CPU; the maximum of its bytes is not
         rows = lost.view(torch.uint8).amax(-1, keepdim=True).view(torch.bool)
     if heads is not None:
-        rows &= heads[None, :, None, None]
+        rows &= heads[None, :, None, None] if heads.dim() == 1 else heads
     drop.logical_and_(rows)  # only the rows that lose probability change
     torch.where(drop, probs.new_zeros(()), probs, out=probs)  # half masked_fill_'s time
     if renormalize:
@@ -292,6 +333,30 @@ def _selection(
     return {layer: sorted(h) for layer, h in sorted(selected.items())}
 
 
+def _output(call: AttentionCall, probs: torch.Tensor, values: torch.Tensor,
+            rows: torch.Tensor, eager_out: torch.Tensor, reuse: bool,
+            final_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention output from the restricted ``probs``: recomputed in the heads whose
+    rows lost probability, the model's own in the others (bit for bit); ``final_only``:
+    only the last row of a (batch row, head) that lost probability is recomputed, every
+    other row is the model's own, bit for bit."""
+    changed = rows.flatten(2).any(-1).any(0)
+    if not bool(changed.any()):
+        return call.previous()
+    if final_only:
+        base = eager_out if reuse else call.previous()[0]  # (B, Q, H, d)
+        last = torch.matmul(probs[:, :, -1:].to(values.dtype), values)[:, :, 0]  # (B, H, d)
+        output = base.clone()
+        output[:, -1] = torch.where(rows[:, :, -1], last.to(base.dtype), base[:, -1])
+        return output.contiguous(), probs
+    new = torch.matmul(probs.to(values.dtype), values).transpose(1, 2)
+    if bool(changed.all()):  # the usual case: no head keeps its own output
+        return new.to(call.query.dtype).contiguous(), probs
+    base = eager_out if reuse else call.previous()[0]
+    output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
+    return output.contiguous(), probs
+
+
 class WindowIds:
     """The window index of each batch row, read by the random ranking at every layer;
     ``set`` it before each forward (default: the batch positions 0..B-1)."""
@@ -322,6 +387,8 @@ def restrict_topn(
     ranking: str = "attention",
     seed: int = 0,
     windows: Sequence[int] | WindowIds | None = None,
+    params: Mapping[str, object] | None = None,
+    final_only: bool = False,
 ) -> Iterator[None]:
     """Keep only the top-``n`` attention entries per query row in the selected heads.
 
@@ -330,8 +397,13 @@ def restrict_topn(
     the kept probabilities to sum to one (otherwise the dropped mass is lost).
     ``ranking``: which n are kept, ``attention``, ``contribution`` or ``random``
     (``seed`` and the batch rows' window indices ``windows`` pick its order; a
-    ``WindowIds`` can be re-set between forwards). Bad arguments raise
-    ``ConfigError`` before any forward.
+    ``WindowIds`` can be re-set between forwards), or a sparse-attention policy of
+    ``attngeom.interventions.policies.POLICIES`` (``window``, ``h2o``, ``tova``,
+    ``quest``, ``snapkv``, ``knorm``; ``params`` overrides its defaults), whose kept
+    keys are then deleted or renormalised the same way. ``final_only``: only each
+    sequence's last query row is restricted (a prompt's final query, the only row the
+    prefill policies ``snapkv`` and ``knorm`` accept); every other row keeps the
+    model's own output. Bad arguments raise ``ConfigError`` before any forward.
 
     >>> with torch.no_grad(), restrict_topn(model, 1, layers=[0, 1]):
     ...     nll = model(ids, labels=ids).loss
@@ -341,10 +413,18 @@ def restrict_topn(
     n = _check_int(n, "n", 1)
     if not isinstance(renormalize, bool):
         raise ConfigError(f"expected renormalize to be True or False, got {renormalize!r}")
-    if RANKINGS.check(ranking, "ranking") not in SCORED:
-        raise ConfigError(f"ranking: restrict_topn keeps the top-n keys of a score "
-                          f"({', '.join(SCORED)}); {ranking} is a policy: use "
-                          "interventions.selection.restriction")
+    if not isinstance(final_only, bool):
+        raise ConfigError(f"expected final_only to be True or False, got {final_only!r}")
+    policy = None
+    if RANKINGS.check(ranking, "ranking") in POLICIES:
+        policy = check_policy(ranking, n, params, final_only=final_only)
+    elif ranking not in SCORED:
+        raise ConfigError(f"ranking: restrict_topn keeps the top-n keys of a score or a "
+                          f"policy's ({', '.join((*SCORED, *POLICIES))}); {ranking} is "
+                          "interventions.selection.restriction's")
+    elif params:
+        raise ConfigError(f"params: only a policy ranking ({', '.join(POLICIES)}) takes "
+                          f"parameters, got {dict(params)!r} for {ranking!r}")
     seed = _check_int(seed, "seed", -(2**63))
     ids = windows if isinstance(windows, WindowIds) else WindowIds(windows)
     selection = _selection(model, layers, heads)
@@ -364,7 +444,8 @@ def restrict_topn(
         # the model's own output is needed below only where some heads keep it and it
         # is the eager function's (else ``previous`` gives it): then the eager call
         # computes it once, otherwise only the probabilities are computed
-        reuse = chosen is not None and call.previous_is_eager and not call.nested
+        reuse = ((chosen is not None or final_only) and call.previous_is_eager
+                 and not call.nested)
         # top-N chosen on float32 probabilities: a bf16 model's rounded ones tie often
         eager_out, _, probs = call.eager_float32(output=reuse)
         if n >= probs.shape[-1]:
@@ -373,6 +454,19 @@ def restrict_topn(
         values = repeat_kv(call.value, groups)
         visible = call.visible()
         shape, device = probs.shape, probs.device
+        head_mask = torch.zeros(shape[1], dtype=torch.bool, device=device)
+        head_mask[slice(None) if chosen is None else chosen] = True
+        allowed = head_mask
+        if final_only:  # the last query row of each sequence only
+            last_row = torch.arange(shape[2], device=device) == shape[2] - 1
+            allowed = head_mask[None, :, None, None] & last_row[None, None, :, None]
+        if policy is not None:
+            # the policy reads the unrestricted probabilities, then they are cut in place
+            keep = policy_keep(ranking, n, policy, visible=visible, probs=probs,
+                               query=call.query, key=call.key, final_only=final_only)
+            rows = _drop_in_place(probs, keep, visible, renormalize, heads=allowed,
+                                  scratch=scratch)
+            return _output(call, probs, values, rows, eager_out, reuse, final_only)
         # one past each row's last visible key: the random words and the top-n
         # selection skip the columns beyond it
         last = torch.where(visible, torch.arange(shape[3], device=device), -1)
@@ -391,23 +485,13 @@ def restrict_topn(
                                    shape[3], device, limit=reach, order=True,
                                    out=scratch.get("words", shape, torch.int32, device))
             scores.masked_fill_(~visible, ORDER_MIN)
-        head_mask = torch.zeros(shape[1], dtype=torch.bool, device=device)
-        head_mask[slice(None) if chosen is None else chosen] = True
         # restricted in place (the probabilities are this call's own): only rows that
         # lose probability change, so every other head keeps the model's own output
         # bit for bit (N >= |U| is the identity)
-        rows = _restrict_in_place(probs, scores, visible, n, renormalize, heads=head_mask,
+        rows = _restrict_in_place(probs, scores, visible, n, renormalize, heads=allowed,
                                   masked=True, scratch=scratch, reach=reach[:, None],
                                   by_probs=ranking == "attention")
-        changed = rows.flatten(2).any(-1).any(0)
-        if not bool(changed.any()):
-            return call.previous()
-        new = torch.matmul(probs.to(values.dtype), values).transpose(1, 2)
-        if bool(changed.all()):  # the usual case: no head keeps its own output
-            return new.to(call.query.dtype).contiguous(), probs
-        base = eager_out if reuse else call.previous()[0]
-        output = torch.where(changed[None, None, :, None], new.to(base.dtype), base)
-        return output.contiguous(), probs
+        return _output(call, probs, values, rows, eager_out, reuse, final_only)
 
     with override_attention(model, handler):
         yield

@@ -25,6 +25,7 @@ import torch
 
 from attngeom.capture import AttentionCall, has_override, override_attention, repeat_kv
 from attngeom.errors import ConfigError
+from attngeom.interventions.eviction import latest
 from attngeom.names import RANKINGS
 
 
@@ -48,16 +49,16 @@ def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
     """Boolean (..., T): position 0 and the n - 1 latest visible keys of each row.
 
     ``visible`` (..., T) bool. A row with at most n visible keys keeps them all; the
-    initial token is kept only where it is visible (a sliding window may hide it).
+    initial token is kept only where it is visible (a sliding window may hide it). On
+    a causal mask this is StreamingLLM's ``window`` policy with one sink
+    (``policies.window_keep``), which takes the first *visible* key instead.
 
     >>> positional_keep(torch.tensor([[True, True, True, True, True, False]]), 3).tolist()
     [[True, False, False, True, True, False]]
     """
-    later = visible.flip(-1).cumsum(-1).flip(-1) - visible.long()  # visible keys after j
-    recent = later < n - 1
     first = torch.zeros_like(visible)
     first[..., 0] = True
-    keep = visible & (recent | first)
+    keep = latest(visible, n - 1) | (visible & first)
     few = (visible.sum(-1, keepdim=True) <= n)
     return torch.where(few, visible, keep)
 
@@ -104,11 +105,16 @@ def check_ranking(ranking: str) -> str:
 @contextlib.contextmanager
 def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
                 renormalize: bool = False, seed: int = 0,
-                windows: Sequence[int] | object | None = None) -> Iterator[None]:
+                windows: Sequence[int] | object | None = None,
+                final_only: bool | None = None) -> Iterator[None]:
     """Open the selection ``ranking`` keeps at size ``n`` (see the module docstring);
     ``seed`` and ``windows`` (the batch rows' indices, or a ``restriction.WindowIds``)
-    order the random ranking."""
+    order the random ranking. ``final_only``: restrict only each prompt's final query
+    row (default: for the prefill-only policies, SnapKV and K-norm, which compress a
+    prompt once for its answer query; every row otherwise)."""
     check_ranking(ranking)
+    if final_only is None:
+        final_only = bool((RANKINGS.meta(ranking) or {}).get("prefill_only"))
     if ranking == "positional":
         with positional_restriction(model, n, renormalize=renormalize):
             yield
@@ -116,5 +122,5 @@ def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
     from attngeom.interventions.restriction import restrict_topn
 
     with restrict_topn(model, n, renormalize=renormalize, ranking=ranking, seed=seed,
-                       windows=windows):
+                       windows=windows, final_only=final_only):
         yield
