@@ -82,3 +82,19 @@ def test_two_processes_split_the_qa_probe_units(references, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert _tables(out) == _tables(references["qa"])
     assert done.stdout.count("results:") == 1
+
+
+def test_a_configuration_error_leaves_no_folder_that_refuses_the_correction(tmp_path, capsys):
+    """A background the model cannot hold is found while the prompts are built, before
+    the model loads and before any unit: the corrected command then runs in the same
+    folder (no shard of the failed run refuses it as another run's)."""
+    out = tmp_path / "run"
+    bad = ["competition", "--model", str(STORIES_PATH), "--quiet", "--backgrounds", "0,600",
+           "--n-episodes", "2", "--nstar", "false", "--bootstrap", "0"]
+    assert main([*bad, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "backgrounds" in err and "512 positions" in err and "\n" not in err
+    assert not list(out.glob(".attngeom/*/*/*.shard"))
+    good = [a if a != "0,600" else "0,64" for a in bad]
+    assert main([*good, "--out", str(out)]) == 0
+    assert (out / "qa_answers.parquet").is_file()
