@@ -265,7 +265,7 @@ def test_bad_input_one_line_each(stories, smol_tokenizer, tmp_path) -> None:
 
 
 def test_chat_candidates_open_the_assistant_turn(smol_tokenizer) -> None:
-    assert qa.candidate_prefix("chat") == "" and qa.candidate_prefix("plain") == " "
+    assert qa.candidate_prefix("chat", "") == "" and qa.candidate_prefix("plain", "") == " "
     cands = qa.candidate_tokens(smol_tokenizer, prefix="")
     assert not cands.collide and cands.prefix == ""
     assert [smol_tokenizer.decode(list(t)) for t in cands.tokens] == list(qa.LOCATIONS)
@@ -318,6 +318,6 @@ def test_an_answer_prefix_opens_the_answer_and_moves_nothing_else(smol_tokenizer
         assert ex.support == base.support and ex.context == base.context
         assert list(ex.input_ids[: len(base.input_ids) - 1]) == list(base.input_ids[:-1])
     assert qa.candidate_prefix(prompt_format, "{person} is in the") == " "
-    assert qa.candidate_prefix("chat") == "" and qa.candidate_prefix("plain") == " "
+    assert qa.candidate_prefix("chat", "") == "" and qa.candidate_prefix("plain", "") == " "
     with pytest.raises(ConfigError, match="only {person}"):
         qa.render_prompt("x", "Where is Mary?", prompt_format, tok, "{place} is")

@@ -245,7 +245,7 @@ def _body(context: str, question: str) -> tuple[str, int]:
 
 
 def render_prompt(context: str, question: str, prompt_format: str, tokenizer,
-                  answer_prefix: str = "") -> tuple[str, int]:
+                  answer_prefix: str) -> tuple[str, int]:
     """The prompt text and the character where the context starts in it.
 
     ``plain``: body + "\\n\\nAnswer:" (the initial token is added at tokenisation);
@@ -307,7 +307,7 @@ def make_example(facts: Sequence[str], support: int, question: str, answer: str,
                  prompt_format: str = "plain", initial_id: int | None = None,
                  max_positions: int | None = None, episode: int = 0,
                  background_target: int = 0, background_tokens: int = 0,
-                 answer_prefix: str = "") -> QAExample:
+                 answer_prefix: str) -> QAExample:
     """Tokenise one prompt: ``facts`` inserted before ``background[gaps[i]]`` in order."""
     pieces: list[str] = []
     fact_at = {}
@@ -459,7 +459,7 @@ def load_babilong(tokenizer, *, source: str | Path | None = None, length: str = 
 
 
 def _example_from_text(pieces, question, target, tokenizer, prompt_format, max_positions,
-                       index, length, answer_prefix: str = "") -> QAExample:
+                       index, length, answer_prefix: str) -> QAExample:
     facts = [p for p in pieces if p]
     support = facts.index(pieces[1])
     return make_example(facts, support, question, target, tokenizer, background=(),
@@ -495,7 +495,7 @@ class Candidates:
         return self.rule != "first-token logit"
 
 
-def candidate_prefix(prompt_format: str, answer_prefix: str = "") -> str:
+def candidate_prefix(prompt_format: str, answer_prefix: str) -> str:
     """What precedes a candidate: " " after the plain prompt's "Answer:" (the paper's
     rule) or after an answer prefix; nothing at the start of an opened chat turn."""
     return "" if prompt_format == "chat" and not answer_prefix else " "
