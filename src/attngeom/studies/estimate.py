@@ -5,12 +5,12 @@ A cell's work is counted in forward passes over tokens, from what its command do
 search, each a restricted forward of every evaluation window; ``competition --probe qa``:
 every prompt under every N the searches ask; ...). A forward of T tokens through a model
 of P parameters, L layers and width D costs about ``2 P T + 4 L D T^2`` floating-point
-operations plus a fixed cost per layer call (kernel launches, Python), and the work
-around it (capturing attention rows, the metrics, an eager attention) multiplies that by
-a factor of the command. The two machine constants (``FLOPS``, ``LAYER_CALL_S``) were
-fitted to the demo study on two CPU cores (``docs/studies.md``, "How long"); on another
-machine the estimate scales with them, and it is an estimate: a rough guide to the order
-of the wait, not a measurement.
+operations plus a fixed cost per layer call (kernel launches, Python); the work around
+it is counted apart: the analyses' work per analysed (head, query row, key), and a
+restricted forward's eager probabilities and selection per layer. The machine constants
+below were fitted to the demo study on two CPU cores; on another machine the estimate
+scales with them, and it is an estimate: a rough guide to the order of the wait, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -18,24 +18,35 @@ from __future__ import annotations
 import math
 
 # fitted on two CPU cores (torch 2.13, float32): sustained floating-point throughput of
-# a small model's forward, and the fixed cost of one layer's call in one forward
-FLOPS = 12e9
-LAYER_CALL_S = 4e-3
-# work beyond the plain forward, per command (capture and metrics, eager attention with
-# the restriction, candidate scoring)
-OVERHEAD = {"analyze": 2.5, "atlas": 2.5, "prune": 1.2, "scan-heads": 1.1, "restrict": 1.6,
-            "restrict-local": 1.6, "competition": 1.6, "competition-qa": 1.6,
-            "competition-context": 1.6}
-EXTRA_N = 10  # Ns the adaptive search asks beyond the grid, per search (measured: 9-12)
+# a forward, the fixed cost of one layer's call in a plain forward and in a restricted
+# one (the eager probabilities and the selection), and the analyses' cost per analysed
+# (head, query row, key) of every layer (three rules, both universes, the bounds)
+FLOPS = 120e9
+LAYER_CALL_S = 1e-3
+RESTRICTED_LAYER_S = 5e-3
+ROW_KEY_S = 8e-6
+RESTRICTED = ("restrict", "restrict-local", "competition", "competition-qa",
+              "competition-context")
+EXTRA_PER_TAU = 4  # Ns the adaptive search asks beyond the grid per tau (N* - 3 .. N*)
 QA_PROMPT = 160  # tokens of a qa prompt without background (instruction, facts, question)
 
 
-def forward_seconds(shape: dict, tokens: int) -> float:
+def forward_seconds(shape: dict, tokens: int, *, restricted: bool = False) -> float:
     """One forward of ``tokens`` tokens through a model of ``shape`` (``inspect_model``)."""
     params = float(shape.get("params_b", 0.0)) * 1e9
     layers, width = int(shape.get("layers", 1)), int(shape.get("hidden", 1))
     flops = 2.0 * params * tokens + 4.0 * layers * width * tokens * tokens
-    return flops / FLOPS + layers * LAYER_CALL_S
+    per_layer = RESTRICTED_LAYER_S if restricted else LAYER_CALL_S
+    return flops / FLOPS * (1.3 if restricted else 1.0) + layers * per_layer
+
+
+def _rows(query_mode: str, tokens: int) -> int:
+    """Analysed query rows of a window under ``query_mode``."""
+    if query_mode == "final":
+        return 1
+    if query_mode.startswith("stride:"):
+        return max(1, tokens // int(query_mode.split(":", 1)[1]))
+    return tokens
 
 
 def _grid(n_grid, length: int) -> int:
@@ -71,7 +82,8 @@ def cell_forwards(command: str, cfg, shape: dict) -> list[tuple[int, float]]:
                                                     * len(cfg.scan_n))))]
         scopes = sum({"model": 1, "layer": layers, "head": layers * heads}[s]
                      for s in cfg.scopes)
-        per = _grid(cfg.n_grid, t) + (EXTRA_N if cfg.search == "adaptive" else 0)
+        per = _grid(cfg.n_grid, t) + (EXTRA_PER_TAU * len(cfg.taus)
+                                      if cfg.search == "adaptive" else 0)
         return [(t, float(cfg.n_eval_windows * (1 + selections * scopes * per)))]
     if command.startswith("competition"):
         return _competition_forwards(cfg, shape)
@@ -89,13 +101,14 @@ def _competition_forwards(cfg, shape: dict) -> list[tuple[int, float]]:
         out = []
         for b in backgrounds:
             length = b + QA_PROMPT
-            per = _powers(cfg.grid_max, length) + EXTRA_N
+            per = _powers(cfg.grid_max, length) + EXTRA_PER_TAU * len(cfg.effective_taus)
             out.append((length, float(cfg.n_episodes * (1 + searches * selections * per))))
         return out
     lengths = cfg.context_lengths(limit)
+    searches *= 1.5  # the tail and all-token searches share most of their Ns
     return [(length, float(cfg.n_documents * (1 + searches * selections
                                               * (_grid([2 ** k for k in range(20)], length)
-                                                 + EXTRA_N))))
+                                                 + EXTRA_PER_TAU * len(cfg.effective_taus)))))
             for length in lengths]
 
 
@@ -103,6 +116,12 @@ def cell_seconds(command: str, cfg, shape: dict | None) -> float:
     """The cell's estimated seconds (NaN without the model's shape)."""
     if not shape:
         return math.nan
-    work = sum(n * forward_seconds(shape, tokens)
+    restricted = command in RESTRICTED
+    work = sum(n * forward_seconds(shape, tokens, restricted=restricted)
                for tokens, n in cell_forwards(command, cfg, shape))
-    return work * OVERHEAD.get(command, 1.5)
+    if command in ("analyze", "atlas"):
+        t = int(cfg.window_length)
+        heads = int(shape.get("layers", 1)) * int(shape.get("heads", 1))
+        windows = float(getattr(cfg, "n_windows", None) or 32)
+        work += windows * heads * _rows(cfg.query_mode, t) * t * ROW_KEY_S
+    return work
