@@ -54,6 +54,26 @@ def _cases(tmp):
         (["report", str(tmp)], "not an attngeom run", True),
         (["check", "--model", "/nonexistent/model"], "no such local directory", False),
         (["check", "--quantization", "3bit"], "quantization", True),
+        # asset: names work wherever a model or corpus does; an unknown one lists the known
+        (["check", "--model", "asset:stories26"], "unknown asset 'stories26': expected one "
+         "of stories260K, smollm2-135m", False),  # load_model's first line, before weights
+        (["analyze", "--corpus", "asset:tiny"], "unknown asset 'tiny'", True),
+        (["restrict", "--rankings", "attention,widow"], "unknown restriction ranking 'widow'; "
+         "did you mean 'window'?", True),
+        (["restrict", "--rankings", "window", "--n-grid", "1,2,8"], "window ranking keeps 4 "
+         "fixed keys", True),
+        (["restrict", "--rankings", "snapkv"], "snapkv compresses a prompt once", True),
+        (["restrict-local", "--scan-top-layers", "99"], "scan_top_layers: expected at most "
+         "the 5 layers", True),
+        (["analyze", "--n-grid", "1,2,4096", "--window-length", "32"], "n_grid: expected "
+         "every N at most the window length 32", True),
+        (["competition", "--probe", "context", "--lengths", "64,32"], "lengths: expected "
+         "increasing lengths, got 64,32", True),
+        (["competition", "--probe", "context", "--lengths", "256,4096"], "lengths: expected "
+         "lengths within", True),
+        (["atlas", "--repeat-length", "400"], "repeat_length: expected a repeated prompt", True),
+        (["atlas", "--thresholds", "retreival=0.2"], "did you mean 'retrieval'", True),
+        (["analyze", "--device", "cuda"], "torch sees no CUDA GPU here", True),
         # load_model refuses before it reads a weight (no CUDA here)
         (["check", "--quantization", "8bit"], "need a CUDA GPU", False),
     ]

@@ -24,7 +24,7 @@ ALLOWED = {
     "assets": set(),
     "config": {"config", "names", "validate", "registry", "assets", "results"},
     "core": {"core"} | LEAVES,
-    "capture": {"core", "capture"} | LEAVES,
+    "capture": {"core", "capture", "assets"} | LEAVES,
     "interventions": {"core", "capture", "interventions"} | LEAVES,
     # the window engine: the runner, streaming into accumulators, the run commands
     "engine": {"core", "capture", "interventions", "results", "engine", "corpora", "config",

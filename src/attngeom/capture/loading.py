@@ -110,8 +110,14 @@ class ModelSource:
 
 
 def resolve_source(name_or_path: str | os.PathLike) -> ModelSource:
-    """Tell a local directory, a GGUF file and a hub id apart (``ModelError`` if missing)."""
+    """Tell a local directory, a GGUF file and a hub id apart (``ModelError`` if missing);
+    ``asset:NAME`` is a bundled asset (``attngeom.assets``: one line listing the known
+    ones when NAME is not)."""
     name = os.fspath(name_or_path)
+    if name.startswith("asset:"):
+        from attngeom.assets import asset
+
+        name = asset(name.split(":", 1)[1], "--model")
     path = Path(name).expanduser()
     if not path.exists():
         if _looks_local(name) or isinstance(name_or_path, Path) or name.endswith(".gguf"):

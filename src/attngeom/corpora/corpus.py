@@ -616,6 +616,10 @@ def read_documents(
         sample = _positive("sample", sample)
         seed = _integer_seed(seed)
     spec_str = str(spec)
+    if spec_str.startswith("asset:"):  # a bundled corpus (one line naming the known ones)
+        from attngeom.assets import asset
+
+        spec_str = asset(spec_str.split(":", 1)[1], "--corpus")
     path = Path(spec_str).expanduser()
 
     alias, _, split = spec_str.partition(":")
