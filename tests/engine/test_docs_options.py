@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # the launchers' own flags (torchrun, accelerate launch), not attngeom's
 LAUNCHER = {"--standalone", "--nproc-per-node", "--num_processes"}
 OTHER_TOOLS = {"--no-deps"}  # pip's, in the install steps
-BENCHMARKS = {"--restrict-only"}  # benchmarks/bench_real.py's, in docs/scale.md
+# benchmarks/bench_real.py's, in docs/scale.md
+BENCHMARKS = {"--restrict-only", "--cpu-clock", "--threads"}
 
 
 def _command_options() -> set[str]:
