@@ -90,10 +90,10 @@ def random_llama(layers: int = 8, hidden: int = 1024, heads: int = 16, kv_heads:
     return LlamaForCausalLM(cfg).eval()
 
 
-def _time(fn) -> float:
-    t0 = time.perf_counter()
+def _time(fn, clock=time.perf_counter) -> float:
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def source_commit() -> str | None:
@@ -114,14 +114,17 @@ def source_commit() -> str | None:
     return head + ("+changes" if changed else "")
 
 
-def paired(baseline, candidate, repeats: int) -> tuple[float, float, tuple[float, float]]:
+def paired(baseline, candidate, repeats: int, clock=time.perf_counter,
+           ) -> tuple[float, float, tuple[float, float]]:
     """Median seconds of both, interleaved so that load changes hit both alike, and the
     smallest and largest ratio candidate / baseline of one pair (run one after the
-    other): how far a single ratio moves on this machine."""
+    other): how far a single ratio moves on this machine. ``clock``: wall time, or
+    ``time.process_time`` (this process's CPU seconds, which other jobs on a shared
+    machine move far less)."""
     base, cand = [], []
     for _ in range(repeats):
-        base.append(_time(baseline))
-        cand.append(_time(candidate))
+        base.append(_time(baseline, clock))
+        cand.append(_time(candidate, clock))
     ratios = [c / b for b, c in zip(base, cand, strict=True)]
     return statistics.median(base), statistics.median(cand), (min(ratios), max(ratios))
 

@@ -121,10 +121,11 @@ def timing(threads: int, repeats: int) -> dict:
 RESTRICT_N = 64
 
 
-def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
+def restrict_timing(threads: int, repeats: int, rankings=None, cpu_clock: bool = False,
+                    ) -> dict:
     """Eager forward vs the restricted forward (N = 64, deletion) of each ranking, on the
     first window of the batch (one window: a restricted batch holds B x H x T x T
-    probabilities more than once)."""
+    probabilities more than once); ``cpu_clock``: CPU seconds instead of wall time."""
     import torch
 
     from attngeom.interventions.policies import POLICIES
@@ -139,7 +140,8 @@ def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
         with torch.inference_mode():
             model(input_ids=ids, use_cache=False)
 
-    out: dict = {"n": RESTRICT_N, "previous_implementation": previous}
+    out: dict = {"n": RESTRICT_N, "previous_implementation": previous,
+                 "clock": "cpu" if cpu_clock else "wall", "threads": threads}
     try:
         model.set_attn_implementation("eager")
         for ranking in rankings or (*RANKINGS, *POLICIES):
@@ -152,7 +154,9 @@ def restrict_timing(threads: int, repeats: int, rankings=None) -> dict:
 
             restricted()  # warm-up
             eager_forward()
-            t_eager, t_restricted, spread = paired(eager_forward, restricted, repeats)
+            t_eager, t_restricted, spread = paired(
+                eager_forward, restricted, repeats,
+                clock=time.process_time if cpu_clock else time.perf_counter)
             out[ranking] = {"eager_s": t_eager, "restricted_s": t_restricted,
                             "restricted_over_eager": t_restricted / t_eager,
                             "pairs": list(spread)}
@@ -178,9 +182,11 @@ def _print_restrict(rows: dict) -> None:
     for ranking in names:
         r = rows[ranking]
         lo, hi = r["pairs"]
+        clock = " CPU" if rows.get("clock") == "cpu" else ""
         print(f"restrict {ranking:12s} N={rows['n']} {r['restricted_over_eager']:.2f}x the eager "
-              f"forward [pairs {lo:.2f}-{hi:.2f}] ({r['restricted_s']:.2f} s vs "
-              f"{r['eager_s']:.2f} s; plain sdpa forward {rows['plain_s']:.2f} s)", flush=True)
+              f"forward [pairs {lo:.2f}-{hi:.2f}] ({r['restricted_s']:.2f}{clock} s vs "
+              f"{r['eager_s']:.2f}{clock} s; plain sdpa forward {rows['plain_s']:.2f} s)",
+              flush=True)
 
 
 def _child(args: list[str], malloc: bool) -> dict:
@@ -209,14 +215,18 @@ def main() -> None:
                          "rankings and the six policies)")
     ap.add_argument("--restrict-only", action="store_true",
                     help="only the restricted-forward timing (issue 30's Speed target)")
+    ap.add_argument("--cpu-clock", action="store_true",
+                    help="time the restricted forward in CPU seconds of this process "
+                         "(steadier than wall time on a shared machine)")
     args = ap.parse_args()
     rankings = args.rankings.split(",") if args.rankings else None
     if args.restrict:
-        print(MARK + json.dumps(restrict_timing(args.threads, args.repeats, rankings)),
-              flush=True)
+        print(MARK + json.dumps(restrict_timing(args.threads, args.repeats, rankings,
+                                                args.cpu_clock)), flush=True)
         return
     if args.restrict_only:
         extra = ["--rankings", args.rankings] if args.rankings else []
+        extra += ["--cpu-clock"] if args.cpu_clock else []
         rows = _child(["--restrict", "--threads", str(args.threads), "--repeats",
                        str(args.repeats), *extra], malloc=False)
         _print_restrict(rows)

@@ -168,7 +168,7 @@ def test_paired_timing_reports_medians_and_the_range_of_pair_ratios(monkeypatch)
     seconds = iter([1.0, 2.0, 2.0, 2.0, 4.0, 2.0])  # baseline, candidate, ...
     calls = []
 
-    def fake(fn):
+    def fake(fn, clock=None):
         calls.append(fn)
         return next(seconds)
 

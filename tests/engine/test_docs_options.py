@@ -16,7 +16,8 @@ LAUNCHER = {"--standalone", "--nproc-per-node", "--num_processes", "--nnodes", "
             "--rdzv-endpoint", "--rdzv-id"}
 SLURM = {"--array", "--gres", "--cpus-per-task", "--time", "--output", "--job-name"}  # sbatch's
 OTHER_TOOLS = {"--no-deps"}  # pip's, in the install steps
-BENCHMARKS = {"--restrict-only"}  # benchmarks/bench_real.py's, in docs/scale.md
+# benchmarks/bench_real.py's, in docs/scale.md
+BENCHMARKS = {"--restrict-only", "--cpu-clock", "--threads"}
 
 
 def _command_options() -> set[str]:
