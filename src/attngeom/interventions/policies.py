@@ -176,7 +176,9 @@ def tova_keep(probs: torch.Tensor, visible: torch.Tensor, n: int, *,
             return row
         held = row * cached
         total = held.sum(-1, keepdim=True).clamp_min_(torch.finfo(torch.float64).tiny)
-        return (held / total).mean(1, keepdim=True)
+        # summed over the heads in their order (cumsum is a sequential scan), as the
+        # reference does: a tree-ordered mean rounds exact ties apart differently
+        return (held / total).cumsum(1)[:, -1:] / h
 
     return evict_greedily(visible, n, h if per_head else 1, 0, score=score)
 
