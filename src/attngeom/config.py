@@ -792,6 +792,11 @@ class CompetitionConfig(RunConfig):
     grid_max: int = option(256, check=Integer(1),
                            help="qa: largest N of the power-of-two grid")
     nstar: bool = option(True, check=Flag(), help="search N* (false: answers and support only)")
+    budgets: tuple[int, ...] = option(
+        (16, 64, 256), check=Sizes(),
+        help="qa: budgets N every selection is also evaluated at (accuracy, answer loss, "
+        "support recall of the kept set); kept: the N of the kept sets compared (a default "
+        "N below a ranking's fixed part is left out for it)")
     step: str = option("interpolate", check=OneOf(STEPS), fingerprint="unless_default",
                        help="how the N* search narrows a bracket: bisect (the follow-up's "
                        "midpoints) or interpolate (predicts N* from the log-log curve: fewer "
@@ -810,6 +815,8 @@ class CompetitionConfig(RunConfig):
             raise ConfigError(f"facts: expected MIN,MAX with 1 <= MIN <= MAX, got "
                               f"{','.join(map(str, facts))}")
         object.__setattr__(self, "facts", facts)
+        if self.budgets != (16, 64, 256):  # the defaults leave out what a ranking cannot
+            _policy_budgets(self.rankings, self.budgets, "budgets")
         if self.probe == "context":
             if self.taus is not None and max(self.taus) >= 1.0:
                 raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
