@@ -756,8 +756,9 @@ class CompetitionConfig(RunConfig):
         "wikitext-103, wikitext-2, openwebtext: the background (qa) or the documents "
         "(context) (default: the bundled WikiText-2 test articles)", metavar="CORPUS")
     probe: str = option("qa", check=OneOf(PROBES),
-                        help="qa (bAbI qa1 under background text) or context (nested "
-                        "context-length sweep)")
+                        help="qa (bAbI qa1 under background text), context (nested "
+                        "context-length sweep) or kept (the geometry of what each ranking "
+                        "keeps at the windows' final queries)")
     rankings: tuple[str, ...] = option(("attention",), check=SubsetOf(RANKINGS),
                                        help=f"which N keys are kept: {', '.join(RANKINGS)}")
     renormalize: tuple[bool, ...] = option((False,), check=Flags(),
@@ -803,7 +804,7 @@ class CompetitionConfig(RunConfig):
                        "evaluations, the same N* where the loss is monotone)")
     lengths: tuple[int, ...] | None = option(
         None, check=Lengths(2, increasing=True, positions=False, none=True),
-        help="context: lengths L of the nested windows, increasing (default: "
+        help="context, kept: lengths L of the nested windows, increasing (default: "
         "256,512,1024,2048, those within the model's positions)")
     tail: int = option(128, check=Integer(1),
                        help="context: final targets scored at every L (tail128)")
@@ -828,11 +829,11 @@ class CompetitionConfig(RunConfig):
 
     def check_model(self, shape: ModelShape) -> None:
         limit = shape.max_positions
-        if (self.probe == "context" and limit is not None and self.lengths is not None
-                and max(self.lengths) > limit):
+        if (self.probe in ("context", "kept") and limit is not None
+                and self.lengths is not None and max(self.lengths) > limit):
+            low = self.tail + 1 if self.probe == "context" else 2
             raise ConfigError(f"lengths: expected lengths within {shape.name}'s {limit} "
-                              f"positions (valid: {self.tail + 1}..{limit}), got "
-                              f"{max(self.lengths)}")
+                              f"positions (valid: {low}..{limit}), got {max(self.lengths)}")
         if (self.probe == "qa" and limit is not None and self.backgrounds is not None
                 and max(self.backgrounds) >= limit):
             raise ConfigError(f"backgrounds: expected backgrounds that leave room for the "
