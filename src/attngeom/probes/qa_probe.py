@@ -10,7 +10,13 @@ computes the tables as resumable units (``RunContext.run_units``):
 - stages ``qa-search-1``, ``qa-search-2``, ...: the N* searches of every (background,
   selection) in lockstep (``interventions.nstar.lockstep``), one stage per round; a
   round's unit is one block of examples, restricted under every (selection, N) its
-  background asked for in the round.
+  background asked for in the round;
+- stage ``qa-budgets``: every selection at the budgets (``--budgets``) and at its N*,
+  where the searches did not evaluate them already (issue 39).
+
+Every restricted evaluation also reads, through a ``restriction.KeptRow``, the keys the
+restriction keeps at the answer query of every layer, before the deletion: the support
+recall of the kept set.
 
 A killed run resumes from its finished units with the same command and ends with the
 same tables; under ``torchrun`` the processes share the units. The tables:
@@ -27,7 +33,11 @@ same tables; under ``torchrun`` the processes share the units. The tables:
 - ``qa_curve``: per background and selection, every N tried and the mean answer-loss
   increase over examples with its bootstrap interval;
 - ``qa_nstar``: N*_tau per background and selection (tau in nats), its bootstrap
-  interval over examples, and the search rule that ran.
+  interval over examples, and the search rule that ran;
+- ``qa_budget``: per background, selection and N (each budget, each tau's N*): accuracy,
+  answer-loss increase and the support recall of the kept set at the answer query (the
+  share of the support tokens kept, averaged over layers and heads, then over examples),
+  each with its interval over examples.
 """
 
 from __future__ import annotations
