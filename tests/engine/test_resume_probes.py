@@ -3,8 +3,9 @@
 ``competition --probe qa``, ``--probe context``, ``--probe kept`` and ``atlas`` run their
 work as units on the engine (issue 37): each is started in a subprocess, SIGKILLed once a
 unit of a later stage is on disk (an N* search round for the probes, the kept sets'
-stage, the needles for the atlas), and the same command then finishes it. Its table files must be byte-identical to an
-uninterrupted run's, and only the missing units run again.
+stage, the needles for the atlas), and the same command then finishes it. Its table
+files must be byte-identical to an uninterrupted run's, and only the missing units run
+again.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from attngeom.interventions.policies import POLICIES, policy_keep
 from attngeom.interventions.restriction import contribution_scores, random_scores, topn_keep
 from attngeom.interventions.selection import Selection, positional_keep
 from attngeom.names import ORACLE, RANKINGS
-from attngeom.probes.context_sweep import ContextInputs, _units, sweep_windows
+from attngeom.probes.context_sweep import ContextInputs, _units, corpus_documents, sweep_windows
 
 REPEATS = 16  # the random control's draws: ``analyze``'s default for final queries
 MEASURES = ("kept", "overlap", "precision", "recall", "f_score", "f_random")
@@ -89,16 +89,8 @@ def final_keep(ranking: str, n: int, *, probs: torch.Tensor, visible: torch.Tens
 def prepare_kept(ctx: RunContext) -> ContextInputs:
     """The windows of every length, cut before the model loads (the context probe's nested
     windows, with no tail to leave room for: any length >= 2 within the model's positions)."""
-    from attngeom.corpora.documents import probe_corpus, probe_documents
-
     cfg = ctx.config
-    docs, corpus = probe_documents(probe_corpus(cfg.corpus))
-    if ctx.model is not None:
-        config_bos = getattr(ctx.model.config, "bos_token_id", None)
-    else:
-        from attngeom.capture.loading import inspect_model
-
-        config_bos = (inspect_model(cfg.model) or {}).get("bos_token_id")
+    docs, corpus, config_bos = corpus_documents(ctx)
     limit = ctx.shape.max_positions if ctx.shape is not None else None
     lengths = cfg.lengths if cfg.lengths is not None else tuple(
         n for n in cfg.DEFAULT_LENGTHS if limit is None or n <= limit)
