@@ -734,15 +734,15 @@ class _Taus(Check):
         return tuple(dict.fromkeys(taus))
 
 
-@command("competition", help="retrieval under competition: the qa and context probes",
+@command("competition", help="retrieval under competition: the qa, context and kept probes",
          work="attngeom.probes.competition:Competition",
          summary="attngeom.report.text:competition_summary", loss=True)
 @dataclass(frozen=True)
 class CompetitionConfig(RunConfig):
-    """``attngeom competition --probe qa|context`` (issue 31): generated bAbI qa1 with
-    corpus background, or a nested context-length sweep; N* per setting. The corpus is
-    the background (qa) or the documents (context); by default WikiText-2's test
-    articles."""
+    """``attngeom competition --probe qa|context|kept`` (issue 31): generated bAbI qa1 with
+    corpus background, or a nested context-length sweep; N* per setting; or the geometry
+    of what each ranking keeps (issue 39). The corpus is the background (qa) or the
+    documents (context, kept); by default WikiText-2's test articles."""
 
     default_corpus: ClassVar[str] = "wikitext-2-test"
     reads_windows: ClassVar[bool] = False  # the probes cut their own prompts

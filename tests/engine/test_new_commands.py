@@ -121,7 +121,7 @@ def test_competition_context_and_restrict_local(tmp_path, stories) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["competition", "--probe", "maze"], "probe: unknown probe 'maze' (known: qa, context)"),
+    (["competition", "--probe", "maze"], "probe: unknown probe 'maze' (known: qa, context, kept)"),
     (["competition", "--facts", "5,2"], "facts: expected MIN,MAX"),
     (["competition", "--probe", "context", "--taus", "5"], "taus: expected relative"),
     (["competition-qa", "--probe", "context"], "is the 'qa' probe"),
