@@ -792,7 +792,8 @@ class CompetitionConfig(RunConfig):
                               "N-1 most recent)")
     grid_max: int = option(256, check=Integer(1),
                            help="qa: largest N of the power-of-two grid")
-    nstar: bool = option(True, check=Flag(), help="search N* (false: answers and support only)")
+    nstar: bool = option(True, check=Flag(), help="search N* (false: answers, support and "
+                         "the budgets only)")
     budgets: tuple[int, ...] = option(
         (16, 64, 256), check=Sizes(),
         help="qa: budgets N every selection is also evaluated at (accuracy, answer loss, "

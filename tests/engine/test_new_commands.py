@@ -86,7 +86,7 @@ def qa_run(tmp_path_factory, stories):
 def test_competition_qa_cli_equals_api(qa_run, tmp_path) -> None:
     res = qa_run
     assert set(res.tables) == {"qa_answers", "qa_examples", "qa_support",
-                               "qa_support_summary", "competition_settings"}
+                               "qa_support_summary", "qa_budget", "competition_settings"}
     answers = res["qa_answers"]
     assert answers["n_examples"].tolist() == [2] and answers["model"].tolist() == [
         "stories260K-hf"] and answers["corpus"].nunique() == 1
