@@ -734,15 +734,15 @@ class _Taus(Check):
         return tuple(dict.fromkeys(taus))
 
 
-@command("competition", help="retrieval under competition: the qa and context probes",
+@command("competition", help="retrieval under competition: the qa, context and kept probes",
          work="attngeom.probes.competition:Competition",
          summary="attngeom.report.text:competition_summary", loss=True)
 @dataclass(frozen=True)
 class CompetitionConfig(RunConfig):
-    """``attngeom competition --probe qa|context`` (issue 31): generated bAbI qa1 with
-    corpus background, or a nested context-length sweep; N* per setting. The corpus is
-    the background (qa) or the documents (context); by default WikiText-2's test
-    articles."""
+    """``attngeom competition --probe qa|context|kept`` (issue 31): generated bAbI qa1 with
+    corpus background, or a nested context-length sweep; N* per setting; or the geometry
+    of what each ranking keeps (issue 39). The corpus is the background (qa) or the
+    documents (context, kept); by default WikiText-2's test articles."""
 
     default_corpus: ClassVar[str] = "wikitext-2-test"
     reads_windows: ClassVar[bool] = False  # the probes cut their own prompts
@@ -756,8 +756,9 @@ class CompetitionConfig(RunConfig):
         "wikitext-103, wikitext-2, openwebtext: the background (qa) or the documents "
         "(context) (default: the bundled WikiText-2 test articles)", metavar="CORPUS")
     probe: str = option("qa", check=OneOf(PROBES),
-                        help="qa (bAbI qa1 under background text) or context (nested "
-                        "context-length sweep)")
+                        help="qa (bAbI qa1 under background text), context (nested "
+                        "context-length sweep) or kept (the geometry of what each ranking "
+                        "keeps at the windows' final queries)")
     rankings: tuple[str, ...] = option(("attention",), check=SubsetOf(RANKINGS),
                                        help=f"which N keys are kept: {', '.join(RANKINGS)}")
     renormalize: tuple[bool, ...] = option((False,), check=Flags(),
@@ -791,14 +792,20 @@ class CompetitionConfig(RunConfig):
                               "N-1 most recent)")
     grid_max: int = option(256, check=Integer(1),
                            help="qa: largest N of the power-of-two grid")
-    nstar: bool = option(True, check=Flag(), help="search N* (false: answers and support only)")
+    nstar: bool = option(True, check=Flag(), help="search N* (false: answers, support and "
+                         "the budgets only)")
+    budgets: tuple[int, ...] = option(
+        (16, 64, 256), check=Sizes(),
+        help="qa: budgets N every selection is also evaluated at (accuracy, answer loss, "
+        "support recall of the kept set); kept: the N of the kept sets compared (a default "
+        "N below a ranking's fixed part is left out for it)")
     step: str = option("interpolate", check=OneOf(STEPS), fingerprint="unless_default",
                        help="how the N* search narrows a bracket: bisect (the follow-up's "
                        "midpoints) or interpolate (predicts N* from the log-log curve: fewer "
                        "evaluations, the same N* where the loss is monotone)")
     lengths: tuple[int, ...] | None = option(
         None, check=Lengths(2, increasing=True, positions=False, none=True),
-        help="context: lengths L of the nested windows, increasing (default: "
+        help="context, kept: lengths L of the nested windows, increasing (default: "
         "256,512,1024,2048, those within the model's positions)")
     tail: int = option(128, check=Integer(1),
                        help="context: final targets scored at every L (tail128)")
@@ -810,6 +817,8 @@ class CompetitionConfig(RunConfig):
             raise ConfigError(f"facts: expected MIN,MAX with 1 <= MIN <= MAX, got "
                               f"{','.join(map(str, facts))}")
         object.__setattr__(self, "facts", facts)
+        if self.budgets != (16, 64, 256):  # the defaults leave out what a ranking cannot
+            _policy_budgets(self.rankings, self.budgets, "budgets")
         if self.probe == "context":
             if self.taus is not None and max(self.taus) >= 1.0:
                 raise ConfigError(f"taus: expected relative thresholds in (0, 1) for the "
@@ -821,11 +830,11 @@ class CompetitionConfig(RunConfig):
 
     def check_model(self, shape: ModelShape) -> None:
         limit = shape.max_positions
-        if (self.probe == "context" and limit is not None and self.lengths is not None
-                and max(self.lengths) > limit):
+        if (self.probe in ("context", "kept") and limit is not None
+                and self.lengths is not None and max(self.lengths) > limit):
+            low = self.tail + 1 if self.probe == "context" else 2
             raise ConfigError(f"lengths: expected lengths within {shape.name}'s {limit} "
-                              f"positions (valid: {self.tail + 1}..{limit}), got "
-                              f"{max(self.lengths)}")
+                              f"positions (valid: {low}..{limit}), got {max(self.lengths)}")
         if (self.probe == "qa" and limit is not None and self.backgrounds is not None
                 and max(self.backgrounds) >= limit):
             raise ConfigError(f"backgrounds: expected backgrounds that leave room for the "

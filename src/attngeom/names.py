@@ -101,7 +101,7 @@ HEAD_TYPES: Registry = Registry(
     module="attngeom.core.head_scores")
 
 # --- probes of ``attngeom competition`` (``probes/competition.py`` registers each)
-PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context"),
+PROBES: Registry = Registry("probe", option="probe", builtins=("qa", "context", "kept"),
                             module="attngeom.probes.competition")
 
 # --- windows and models

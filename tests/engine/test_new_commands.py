@@ -86,7 +86,7 @@ def qa_run(tmp_path_factory, stories):
 def test_competition_qa_cli_equals_api(qa_run, tmp_path) -> None:
     res = qa_run
     assert set(res.tables) == {"qa_answers", "qa_examples", "qa_support",
-                               "qa_support_summary", "competition_settings"}
+                               "qa_support_summary", "qa_budget", "competition_settings"}
     answers = res["qa_answers"]
     assert answers["n_examples"].tolist() == [2] and answers["model"].tolist() == [
         "stories260K-hf"] and answers["corpus"].nunique() == 1
@@ -121,7 +121,7 @@ def test_competition_context_and_restrict_local(tmp_path, stories) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["competition", "--probe", "maze"], "probe: unknown probe 'maze' (known: qa, context)"),
+    (["competition", "--probe", "maze"], "probe: unknown probe 'maze' (known: qa, context, kept)"),
     (["competition", "--facts", "5,2"], "facts: expected MIN,MAX"),
     (["competition", "--probe", "context", "--taus", "5"], "taus: expected relative"),
     (["competition-qa", "--probe", "context"], "is the 'qa' probe"),

@@ -1,10 +1,11 @@
 """Every command resumes: the probes and the atlas killed mid-run finish to the same bytes.
 
-``competition --probe qa``, ``--probe context`` and ``atlas`` run their work as units on
-the engine (issue 37): each is started in a subprocess, SIGKILLed once a unit of a
-later stage is on disk (an N* search round for the probes, the needles for the atlas),
-and the same command then finishes it. Its table files must be byte-identical to an
-uninterrupted run's, and only the missing units run again.
+``competition --probe qa``, ``--probe context``, ``--probe kept`` and ``atlas`` run their
+work as units on the engine (issue 37): each is started in a subprocess, SIGKILLed once a
+unit of a later stage is on disk (an N* search round for the probes, the kept sets'
+stage, the needles for the atlas), and the same command then finishes it. Its table
+files must be byte-identical to an uninterrupted run's, and only the missing units run
+again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ COMMANDS = {
             "--grid-max", "4", "--positional", "false"], "qa-search-1"),
     "context": (["competition", *BASE, "--probe", "context", "--lengths", "32,64",
                  "--tail", "16", "--n-documents", "3", "--taus", "0.1"], "context-search-2"),
+    "kept": (["competition", *BASE, "--probe", "kept", "--lengths", "96", "--n-documents",
+              "8", "--rankings", "window,h2o,tova", "--budgets", "16,32"], "kept"),
     "atlas": (["atlas", *BASE, "--corpus", str(TINYSTORIES_PATH), "--n-windows", "3",
                "--window-length", "96", "--query-stride", "4", "--n-repeats", "2",
                "--repeat-length", "16", "--n-needles", "3", "--needle-length", "3",

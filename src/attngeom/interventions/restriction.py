@@ -23,12 +23,14 @@ A sparse-attention policy (``interventions.policies``: StreamingLLM, H2O, TOVA, 
 SnapKV, K-norm) is a ranking too: its keep mask replaces the top-n one, and the same
 deletion or renormalisation (``_drop_in_place``) and output recomputation follow.
 ``final_only`` restricts each sequence's last query row alone (a prompt's final query).
+``observe`` (a ``KeptRow``) hands the keys kept at one query row to a consumer at every
+restricted layer, read before the deletion (the qa probe's support recall of the kept set).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +63,33 @@ class Ranked:
 for _rule in SCORED:
     RANKINGS.register(_rule, Ranked(_rule))
 RANKINGS.register("positional", Ranked(None))
+
+
+@dataclass(frozen=True)
+class KeptRow:
+    """What a restriction keeps at one query row, handed to ``consumer(layer, keep)`` at
+    every layer it restricts: ``keep`` (B, H, T) bool, a fresh tensor, the visible keys the
+    selection keeps at query row ``row`` (negative: from the end) where that row is
+    restricted, and every visible key where it is not (a head outside ``heads``, a row
+    other than the last under ``final_only``, n >= T). Read before the deletion, so it
+    changes nothing that is kept; layers outside the selection are not reported (their
+    rows keep every visible key)."""
+
+    consumer: Callable[[int, torch.Tensor], None]
+    row: int = -1
+
+    def report(self, layer: int, keep: torch.Tensor, visible: torch.Tensor,
+               allowed: torch.Tensor | None, shape: torch.Size) -> None:
+        """``keep`` and ``visible`` broadcastable to ``shape`` (B, H, Q, T); ``allowed``
+        the rows that may change, bool (H,) or broadcastable to (B, H, Q, 1)."""
+        r = self.row % shape[2]
+        seen = visible.expand(shape)[:, :, r]
+        kept = keep.expand(shape)[:, :, r] & seen
+        if allowed is not None:
+            mine = (allowed[None, :] if allowed.dim() == 1
+                    else allowed.expand(shape[0], shape[1], shape[2], 1)[:, :, r, 0])
+            kept = torch.where(mine[..., None], kept, seen)
+        self.consumer(layer, kept.clone())
 
 # query rows per ``topk`` block when rows say how far their visible keys reach: a causal
 # block of 128 rows at T = 1024 reads on average 56% of the columns a full row would
@@ -220,6 +249,7 @@ def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch
                        n: int, renormalize: bool, *, heads: torch.Tensor | None = None,
                        masked: bool = False, scratch: _Scratch | None = None,
                        reach: torch.Tensor | None = None, by_probs: bool = False,
+                       observe: Callable[[torch.Tensor], None] | None = None,
                        ) -> torch.Tensor:
     """Restrict ``probs`` in place (see ``restrict_probabilities``); returns the (B, H,
     Q, 1) rows that lost probability. ``heads``: the rows allowed to change, bool (H,)
@@ -228,11 +258,14 @@ def _restrict_in_place(probs: torch.Tensor, scores: torch.Tensor, visible: torch
     as in ``topn_keep``. ``by_probs``: the scores are the probabilities (the attention
     ranking), so a row loses probability exactly where its (n + 1)-th largest visible
     one is positive (more than n positive keys, all ranked above the zeros): no pass
-    over the row to find out."""
+    over the row to find out. ``observe(keep)`` sees the kept mask before the deletion
+    overwrites its buffer."""
     scratch = scratch or _Scratch()
     shape = probs.shape
     keep, after = _topn(scores, visible, n, masked=masked, reach=reach,
                         out=scratch.get("keep", shape, torch.bool, probs.device))
+    if observe is not None:
+        observe(keep)
     rows = None
     if after is None:  # n >= T: no row can lose a key
         rows = torch.zeros((*shape[:-1], 1), dtype=torch.bool, device=probs.device)
@@ -389,6 +422,7 @@ def restrict_topn(
     windows: Sequence[int] | WindowIds | None = None,
     params: Mapping[str, object] | None = None,
     final_only: bool = False,
+    observe: KeptRow | None = None,
 ) -> Iterator[None]:
     """Keep only the top-``n`` attention entries per query row in the selected heads.
 
@@ -403,7 +437,9 @@ def restrict_topn(
     keys are then deleted or renormalised the same way. ``final_only``: only each
     sequence's last query row is restricted (a prompt's final query, the only row the
     prefill policies ``snapkv`` and ``knorm`` accept); every other row keeps the
-    model's own output. Bad arguments raise ``ConfigError`` before any forward.
+    model's own output. ``observe``: a ``KeptRow`` that sees the keys kept at one query
+    row of every restricted layer (nothing kept changes). Bad arguments raise
+    ``ConfigError`` before any forward.
 
     >>> with torch.no_grad(), restrict_topn(model, 1, layers=[0, 1]):
     ...     nll = model(ids, labels=ids).loss
@@ -425,6 +461,8 @@ def restrict_topn(
     elif params:
         raise ConfigError(f"params: only a policy ranking ({', '.join(POLICIES)}) takes "
                           f"parameters, got {dict(params)!r} for {ranking!r}")
+    if observe is not None and not isinstance(observe, KeptRow):
+        raise ConfigError(f"observe: expected a KeptRow or None, got {observe!r}")
     seed = _check_int(seed, "seed", -(2**63))
     ids = windows if isinstance(windows, WindowIds) else WindowIds(windows)
     selection = _selection(model, layers, heads)
@@ -449,6 +487,8 @@ def restrict_topn(
         # top-N chosen on float32 probabilities: a bf16 model's rounded ones tie often
         eager_out, _, probs = call.eager_float32(output=reuse)
         if n >= probs.shape[-1]:
+            if observe is not None:  # every visible key is kept
+                observe.report(call.layer, call.visible(), call.visible(), None, probs.shape)
             return call.previous()  # no row can lose a key
         groups = probs.shape[1] // call.value.shape[1]
         values = repeat_kv(call.value, groups)
@@ -464,6 +504,8 @@ def restrict_topn(
             # the policy reads the unrestricted probabilities, then they are cut in place
             keep = policy_keep(ranking, n, policy, visible=visible, probs=probs,
                                query=call.query, key=call.key, final_only=final_only)
+            if observe is not None:
+                observe.report(call.layer, keep, visible, allowed, shape)
             rows = _drop_in_place(probs, keep, visible, renormalize, heads=allowed,
                                   scratch=scratch)
             return _output(call, probs, values, rows, eager_out, reuse, final_only)
@@ -488,9 +530,11 @@ def restrict_topn(
         # restricted in place (the probabilities are this call's own): only rows that
         # lose probability change, so every other head keeps the model's own output
         # bit for bit (N >= |U| is the identity)
+        seen = None if observe is None else (
+            lambda keep: observe.report(call.layer, keep, visible, allowed, shape))
         rows = _restrict_in_place(probs, scores, visible, n, renormalize, heads=allowed,
                                   masked=True, scratch=scratch, reach=reach[:, None],
-                                  by_probs=ranking == "attention")
+                                  by_probs=ranking == "attention", observe=seen)
         return _output(call, probs, values, rows, eager_out, reuse, final_only)
 
     with override_attention(model, handler):

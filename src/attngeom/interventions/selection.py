@@ -64,12 +64,13 @@ def positional_keep(visible: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def positional_restriction(model: torch.nn.Module, n: int, *,
-                           renormalize: bool = False) -> Iterator[None]:
+def positional_restriction(model: torch.nn.Module, n: int, *, renormalize: bool = False,
+                           observe=None) -> Iterator[None]:
     """Every head of every layer attends only to the initial token and the n - 1 latest keys.
 
     Deletion (``renormalize=False``) zeroes the other probabilities; renormalisation
-    divides the kept ones by their sum. On exit the model is as before.
+    divides the kept ones by their sum. ``observe``: a ``restriction.KeptRow`` that sees
+    the keys kept at one query row of every layer. On exit the model is as before.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"expected n to be an integer >= 1, got {n!r}")
@@ -81,6 +82,8 @@ def positional_restriction(model: torch.nn.Module, n: int, *,
         _, _, probs = call.eager_float32()
         visible = call.visible().expand_as(probs)
         keep = positional_keep(visible, n)
+        if observe is not None:
+            observe.report(call.layer, keep, visible, None, probs.shape)
         if bool((keep == visible).all()):
             return call.previous()
         kept = torch.where(keep, probs, torch.zeros_like(probs))
@@ -106,21 +109,23 @@ def check_ranking(ranking: str) -> str:
 def restriction(model: torch.nn.Module, n: int, *, ranking: str = "attention",
                 renormalize: bool = False, seed: int = 0,
                 windows: Sequence[int] | object | None = None,
-                final_only: bool | None = None) -> Iterator[None]:
+                final_only: bool | None = None, observe=None) -> Iterator[None]:
     """Open the selection ``ranking`` keeps at size ``n`` (see the module docstring);
     ``seed`` and ``windows`` (the batch rows' indices, or a ``restriction.WindowIds``)
     order the random ranking. ``final_only``: restrict only each prompt's final query
     row (default: for the prefill-only policies, SnapKV and K-norm, which compress a
-    prompt once for its answer query; every row otherwise)."""
+    prompt once for its answer query; every row otherwise). ``observe``: a
+    ``restriction.KeptRow`` that sees the keys kept at one query row of every restricted
+    layer (the qa probe's support recall)."""
     check_ranking(ranking)
     if final_only is None:
         final_only = bool((RANKINGS.meta(ranking) or {}).get("prefill_only"))
     if ranking == "positional":
-        with positional_restriction(model, n, renormalize=renormalize):
+        with positional_restriction(model, n, renormalize=renormalize, observe=observe):
             yield
         return
     from attngeom.interventions.restriction import restrict_topn
 
     with restrict_topn(model, n, renormalize=renormalize, ranking=ranking, seed=seed,
-                       windows=windows, final_only=final_only):
+                       windows=windows, final_only=final_only, observe=observe):
         yield

@@ -1,4 +1,4 @@
-"""``attngeom competition --probe qa|context``: retrieval under competition (issue 31).
+"""``attngeom competition --probe qa|context|kept``: retrieval under competition (issue 31).
 
 The probes are a registry (``names.PROBES``): each entry is a ``Probe`` with
 ``prepare(ctx)`` (its inputs built and checked before the model loads), ``run(ctx)`` (its
@@ -10,7 +10,9 @@ tables, as resumable units on the engine) and ``settings(ctx)`` (what
   answer query and N* per selection (``probes/qa_probe.py``);
 - ``context``: nested windows of several lengths from the fixed-length document
   protocol, N* per length under tail128 and all-token scoring, the document bootstrap
-  and the log-log slope (``probes/context_sweep.py``).
+  and the log-log slope (``probes/context_sweep.py``);
+- ``kept``: the same windows' final queries: the overlap of each ranking's kept set with
+  the oracle's top-N and its F_N against a random set of its size (``probes/kept.py``).
 
 A probe takes the run's configuration (``CompetitionConfig``) and nothing else, so every
 default is written once, in the configuration. ``docs/extending.md`` registers a toy one.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from attngeom.engine.runner import Command, RunContext
 from attngeom.errors import ConfigError
 from attngeom.names import PROBES
-from attngeom.probes import context_sweep, qa_probe
+from attngeom.probes import context_sweep, kept, qa_probe
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,21 @@ PROBES.register("qa", Probe(qa_probe.prepare_qa, qa_probe.run_qa, _qa_settings,
                             record=lambda inputs: inputs.record))
 PROBES.register("context", Probe(context_sweep.prepare_context, context_sweep.run_context,
                                  _context_settings, record=context_sweep.context_record))
+
+
+def _kept_settings(ctx: RunContext) -> dict:
+    cfg, inputs = ctx.config, ctx.inputs
+    return {"corpus": inputs.corpus,
+            "lengths": ",".join(str(x) for x in sorted(inputs.windows)),
+            "n_documents": int(next(iter(inputs.windows.values())).shape[0]),
+            "rankings": ",".join(s.ranking for s in inputs.selections),
+            "budgets": ",".join(str(n) for n in cfg.budgets), "query": "final",
+            "random_repeats": kept.REPEATS, "distance": "euclidean", "universe": "full",
+            "policy_inputs": "the unrestricted model's probabilities, queries and keys"}
+
+
+PROBES.register("kept", Probe(kept.prepare_kept, kept.run_kept, _kept_settings,
+                              record=context_sweep.context_record))
 
 
 def _settings_frame(values: dict):

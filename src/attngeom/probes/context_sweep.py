@@ -158,19 +158,27 @@ class ContextInputs:
     selections: tuple[Selection, ...]
 
 
-def prepare_context(ctx: RunContext) -> ContextInputs:
-    """The nested windows of every length, cut before the model loads (tokenizer only):
-    too few eligible documents, or a length past the model's positions, is one line."""
+def corpus_documents(ctx: RunContext) -> tuple[list[str], str, int | None]:
+    """The probe corpus's documents, its label and the model configuration's BOS id (the
+    fixed protocol's initial token where the tokenizer has none), read before the model
+    loads."""
     from attngeom.corpora.documents import probe_corpus, probe_documents
 
-    cfg = ctx.config
-    docs, corpus = probe_documents(probe_corpus(cfg.corpus))
+    docs, corpus = probe_documents(probe_corpus(ctx.config.corpus))
     if ctx.model is not None:
         config_bos = getattr(ctx.model.config, "bos_token_id", None)
     else:
         from attngeom.capture.loading import inspect_model
 
-        config_bos = (inspect_model(cfg.model) or {}).get("bos_token_id")
+        config_bos = (inspect_model(ctx.config.model) or {}).get("bos_token_id")
+    return docs, corpus, config_bos
+
+
+def prepare_context(ctx: RunContext) -> ContextInputs:
+    """The nested windows of every length, cut before the model loads (tokenizer only):
+    too few eligible documents, or a length past the model's positions, is one line."""
+    cfg = ctx.config
+    docs, corpus, config_bos = corpus_documents(ctx)
     limit = ctx.shape.max_positions if ctx.shape is not None else None
     windows, record = sweep_windows(docs, ctx.tokenizer, cfg.context_lengths(limit),
                                     n_documents=cfg.n_documents, seed=cfg.seed,

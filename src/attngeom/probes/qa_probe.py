@@ -10,7 +10,13 @@ computes the tables as resumable units (``RunContext.run_units``):
 - stages ``qa-search-1``, ``qa-search-2``, ...: the N* searches of every (background,
   selection) in lockstep (``interventions.nstar.lockstep``), one stage per round; a
   round's unit is one block of examples, restricted under every (selection, N) its
-  background asked for in the round.
+  background asked for in the round;
+- stage ``qa-budgets``: every selection at the budgets (``--budgets``) and at its N*,
+  where the searches did not evaluate them already (issue 39).
+
+Every restricted evaluation also reads, through a ``restriction.KeptRow``, the keys the
+restriction keeps at the answer query of every layer, before the deletion: the support
+recall of the kept set.
 
 A killed run resumes from its finished units with the same command and ends with the
 same tables; under ``torchrun`` the processes share the units. The tables:
@@ -27,7 +33,11 @@ same tables; under ``torchrun`` the processes share the units. The tables:
 - ``qa_curve``: per background and selection, every N tried and the mean answer-loss
   increase over examples with its bootstrap interval;
 - ``qa_nstar``: N*_tau per background and selection (tau in nats), its bootstrap
-  interval over examples, and the search rule that ran.
+  interval over examples, and the search rule that ran;
+- ``qa_budget``: per background, selection and N (each budget, each tau's N*): accuracy,
+  answer-loss increase and the support recall of the kept set at the answer query (the
+  share of the support tokens kept, averaged over layers and heads, then over examples),
+  each with its interval over examples.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from attngeom.errors import ConfigError, RunDirError
 from attngeom.interventions.nstar import both_rules, search_rounds, stable_nstar
 from attngeom.interventions.restriction import WindowIds
 from attngeom.interventions.selection import Selection, restriction
-from attngeom.names import MODEL_RULES, STEPS
+from attngeom.names import MODEL_RULES, RANKINGS, STEPS
 from attngeom.probes import qa
 from attngeom.probes.qa import Candidates, QAExample, answer_loss, candidate_scores, screen
 
@@ -125,24 +135,65 @@ def full_pass(model, examples: Sequence[QAExample], candidates: Candidates, *,
                     support=support)
 
 
+@dataclass
+class Restricted:
+    """The examples under one selection at one N: answer loss, correctness and the
+    support recall of the kept set at the answer query (mean over layers and heads)."""
+
+    loss: np.ndarray  # (E,)
+    correct: np.ndarray  # (E,) bool
+    recall: np.ndarray  # (E,)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Restricted]) -> Restricted:
+        """The evaluations of consecutive blocks of examples as one."""
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("loss", "correct", "recall")))
+
+
+class _SupportKept:
+    """The consumer of a ``KeptRow`` at one example's answer query: per layer and head, the
+    share of the support tokens the selection keeps (batch row 0: a scoring batch's rows
+    share the prompt, so their kept sets at its last position are the same)."""
+
+    def __init__(self, support: Sequence[int], layers: int, heads: int) -> None:
+        self.support = torch.as_tensor(list(support), dtype=torch.long)
+        # a layer the restriction never reports restricted nothing: every visible key, the
+        # support among them (it precedes the question), is kept
+        self.shares = np.ones((layers, heads))
+
+    def __call__(self, layer: int, keep: torch.Tensor) -> None:
+        kept = keep[0].index_select(-1, self.support.to(keep.device))  # (H, k)
+        self.shares[layer] = kept.to(torch.float64).mean(-1).cpu().numpy()
+
+
 def restricted_losses(model, examples: Sequence[QAExample], candidates: Candidates, n: int,
-                      selection: Selection, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(E,) answer loss and (E,) bool correctness with N keys kept per query row (the
-    random ranking's order is seeded by ``seed`` and each example's episode)."""
+                      selection: Selection, *, seed: int = 0) -> Restricted:
+    """The examples with N keys kept per query row (the random ranking's order seeded by
+    ``seed`` and each example's episode): answer loss, correctness, and the support recall
+    of the kept set at the answer query (the restriction's own keep mask there, read by a
+    ``KeptRow`` before the deletion), averaged over layers and heads (the support
+    statistics' aggregation)."""
+    from attngeom.interventions.restriction import KeptRow
+
     device = input_device(model)
+    layout = model_layout(model)
     out = np.empty(len(examples))
     correct = np.empty(len(examples), dtype=bool)
+    recall = np.empty(len(examples))
     ids = WindowIds()
-    with torch.no_grad(), restriction(model, n, ranking=selection.ranking,
-                                      renormalize=selection.renormalize, seed=seed,
-                                      windows=ids):
-        for i, ex in enumerate(examples):
-            ids.set([ex.episode])
+    for i, ex in enumerate(examples):
+        ids.set([ex.episode])
+        kept = _SupportKept(ex.support, layout.num_layers, layout.num_heads)
+        with torch.no_grad(), restriction(model, n, ranking=selection.ranking,
+                                          renormalize=selection.renormalize, seed=seed,
+                                          windows=ids, observe=KeptRow(kept, ex.length - 1)):
             values = candidate_scores(model, ex, candidates, device)
-            answer = _answer_index(ex, candidates)
-            out[i], predicted = answer_loss(values, answer)
-            correct[i] = predicted == answer
-    return out, correct
+        answer = _answer_index(ex, candidates)
+        out[i], predicted = answer_loss(values, answer)
+        correct[i] = predicted == answer
+        recall[i] = float(kept.shares.mean())
+    return Restricted(out, correct, recall)
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -258,8 +309,12 @@ def run_qa(ctx: RunContext) -> dict:
     base = {b: FullPass.concat(p) for b, p in parts.items()}
     ctx.counts["qa_examples"] = sum(len(v) for v in inputs.examples.values())
     frames = _answer_tables(inputs, base, cfg.bootstrap, cfg.seed)
+    evals = _Evaluations(ctx, units, examples_of)
+    found: dict = {}
     if cfg.nstar:
-        frames.update(_search_tables(ctx, units, examples_of, base))
+        searched, found = _search_tables(ctx, evals, base)
+        frames.update(searched)
+    frames.update(_budget_table(ctx, evals, base, found))
     return frames
 
 
@@ -298,52 +353,78 @@ def _answer_tables(inputs: QAInputs, base: Mapping[int, FullPass], n_boot: int,
             "qa_support_summary": pd.DataFrame(rows_summary)}
 
 
-def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dict:
-    """The N* searches of every (background, selection), in lockstep rounds of units."""
+class _Evaluations:
+    """Every (background, selection, N) evaluated on every example, shared by the N*
+    searches and the budgets: ``run(stage, asked)`` evaluates what is not known yet as one
+    stage of units (a unit: one block of examples under every (selection, N) its
+    background asked for), ``at(b, s, n)`` reads it back."""
+
+    def __init__(self, ctx: RunContext, units: list[Unit], examples_of) -> None:
+        self.ctx, self.units, self.examples_of = ctx, units, examples_of
+        self.known: dict[tuple[int, int, int], Restricted] = {}
+
+    def floor(self, s: int) -> int:
+        """The smallest N selection ``s`` can keep: its ranking's fixed part (``window``'s
+        sinks, ``quest``'s page, ``snapkv``'s observation window), 1 otherwise."""
+        ranking = self.ctx.inputs.selections[s].ranking
+        return max(1, int((RANKINGS.meta(ranking) or {}).get("fixed", 0)))
+
+    def run(self, stage: str, desc: str, asked: Sequence[tuple[int, int, int]]) -> None:
+        asked = sorted({a for a in asked if a not in self.known})
+        if not asked:
+            return
+        ctx, inputs = self.ctx, self.ctx.inputs
+
+        def process(unit: Unit) -> dict:
+            b = unit.windows[0]
+            exs = self.examples_of(unit)
+            mine = [(s, n) for bb, s, n in asked if bb == b]
+            out = {"asked": mine}
+            for s, n in mine:
+                out[(s, n)] = restricted_losses(ctx.model, exs, inputs.candidates, n,
+                                                inputs.selections[s], seed=ctx.config.seed)
+            return out
+
+        got: dict[tuple, list] = {}
+        for unit, part in zip(self.units, ctx.run_units(
+                stage, self.units, process, unit="prompt", desc=f"{desc} ({len(asked)} "
+                "settings)", weight=lambda u: len(u.windows[1]) * sum(
+                    1 for b, _, _ in asked if b == u.windows[0])), strict=True):
+            b = unit.windows[0]
+            if part["asked"] != [(s, n) for bb, s, n in asked if bb == b]:
+                raise RunDirError(f"{stage}: a shard holds other settings than this run "
+                                  "asks; rerun with --overwrite")
+            for s, n in part["asked"]:
+                got.setdefault((b, s, n), []).append(part[(s, n)])
+        for key, chunks in got.items():
+            self.known[key] = Restricted.concat(chunks)
+
+    def at(self, b: int, s: int, n: int) -> Restricted:
+        return self.known[(b, s, n)]
+
+    def losses(self, b: int, s: int) -> dict[int, np.ndarray]:
+        """N -> (E,) answer losses of every N evaluated for (background, selection)."""
+        return {n: r.loss for (bb, ss, n), r in sorted(self.known.items())
+                if (bb, ss) == (b, s)}
+
+
+def _search_tables(ctx: RunContext, evals: _Evaluations, base) -> tuple[dict, dict]:
+    """The N* searches of every (background, selection), in lockstep rounds of units; an N
+    below a selection's fixed part (``_Evaluations.floor``) is no size it can keep: it
+    fails every tau without a forward and is left out of the curve. Returns the tables
+    and each (background, selection)'s search."""
     import pandas as pd
 
     cfg, inputs = ctx.config, ctx.inputs
     taus = cfg.effective_taus
     length = {b: max(e.length for e in v) for b, v in inputs.examples.items()}
     keys = [(b, s) for b in sorted(inputs.examples) for s in range(len(inputs.selections))]
-    losses: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in keys}
-    right: dict[tuple, dict[int, np.ndarray]] = {key: {} for key in keys}
 
     def measure(rnd: int, pairs: list) -> dict:
-        asked = sorted({(b, s, n) for (b, s), n in pairs if n not in losses[(b, s)]})
-        if asked:
-            _round(rnd, asked)
-        return {((b, s), n): float(np.mean(losses[(b, s)][n] - base[b].loss))
-                for (b, s), n in pairs}
-
-    def _round(rnd: int, asked: list) -> None:
-
-        def process(unit: Unit) -> dict:
-            b = unit.windows[0]
-            exs = examples_of(unit)
-            mine = [(s, n) for bb, s, n in asked if bb == b]
-            out = {"asked": mine}
-            for s, n in mine:
-                out[(s, n)] = restricted_losses(ctx.model, exs, inputs.candidates, n,
-                                                inputs.selections[s], seed=cfg.seed)
-            return out
-
-        got: dict[tuple, list] = {}
-        for unit, part in zip(units, ctx.run_units(
-                f"qa-search-{rnd + 1}", units, process, unit="prompt",
-                desc=f"qa: N* search round {rnd + 1} ({len(asked)} settings)",
-                weight=lambda u: len(u.windows[1]) * sum(1 for b, _, _ in asked
-                                                           if b == u.windows[0])),
-                strict=True):
-            b = unit.windows[0]
-            if part["asked"] != [(s, n) for bb, s, n in asked if bb == b]:
-                raise RunDirError(f"qa-search-{rnd + 1}: a shard holds other settings than "
-                                  "this run asks; rerun with --overwrite")
-            for s, n in part["asked"]:
-                got.setdefault((b, s, n), []).append(part[(s, n)])
-        for (b, s, n), chunks in got.items():
-            losses[(b, s)][n] = np.concatenate([c[0] for c in chunks])
-            right[(b, s)][n] = np.concatenate([c[1] for c in chunks])
+        evals.run(f"qa-search-{rnd + 1}", f"qa: N* search round {rnd + 1}",
+                  [(b, s, n) for (b, s), n in pairs if n >= evals.floor(s)])
+        return {((b, s), n): float(np.mean(evals.at(b, s, n).loss - base[b].loss))
+                if n >= evals.floor(s) else math.inf for (b, s), n in pairs}
 
     def make(key: tuple, rule: str):
         return search_rounds(taus, length=length[key[0]], grid_max=cfg.grid_max, refine=3,
@@ -355,12 +436,14 @@ def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dic
         sel = inputs.selections[s]
         keys = {"prompt_format": inputs.prompt_format, "background": b,
                 "ranking": sel.ranking, "mode": sel.mode}
-        for n in sorted(losses[(b, s)]):
-            m, lo, hi, _ = _mean_ci(losses[(b, s)][n] - base[b].loss, cfg.bootstrap, cfg.seed)
+        per_n = evals.losses(b, s)
+        for n, loss in per_n.items():
+            m, lo, hi, _ = _mean_ci(loss - base[b].loss, cfg.bootstrap, cfg.seed)
             rows_curve.append({**keys, "n": n, "delta_loss": m, "delta_low": lo,
-                               "delta_high": hi, "accuracy": float(np.mean(right[(b, s)][n]))})
-        intervals = _nstar_intervals(base[b].loss, losses[(b, s)], taus, length[b],
-                                     cfg.bootstrap, cfg.seed)
+                               "delta_high": hi,
+                               "accuracy": float(np.mean(evals.at(b, s, n).correct))})
+        intervals = _nstar_intervals(base[b].loss, per_n, taus, length[b], cfg.bootstrap,
+                                     cfg.seed)
         for tau in taus:
             rows_nstar.append({
                 **keys, "tau": float(tau), "nstar": _number(result.nstar[float(tau)]),
@@ -368,11 +451,58 @@ def _search_tables(ctx: RunContext, units: list[Unit], examples_of, base) -> dic
                 "nstar_stable": _number(stable_nstar(result.evaluations, float(tau),
                                                      length[b])),
                 "nstar_low": intervals[float(tau)][0], "nstar_high": intervals[float(tau)][1],
-                "evaluations": len(result.evaluations), "prompt_tokens_max": length[b],
+                "evaluations": sum(1 for n in result.evaluations if n >= evals.floor(s)),
+                "prompt_tokens_max": length[b],
                 "search": cfg.step, "monotone": result.monotone,
                 **{f"nstar_{rule}": _number(rules[(b, s)][rule][float(tau)]) for rule in STEPS},
                 "notes": " | ".join(result.notes)})
-    return {"qa_curve": pd.DataFrame(rows_curve), "qa_nstar": pd.DataFrame(rows_nstar)}
+    return ({"qa_curve": pd.DataFrame(rows_curve), "qa_nstar": pd.DataFrame(rows_nstar)},
+            found)
+
+
+def _budget_table(ctx: RunContext, evals: _Evaluations, base, found: Mapping) -> dict:
+    """``qa_budget``: every selection at every budget N (``--budgets``) and at each tau's
+    N*, per background: accuracy, answer-loss increase and the support recall of the kept
+    set at the answer query, each with its interval over examples. The Ns the N* search
+    evaluated are read back, the others run as one stage of units (``qa-budgets``); a
+    budget below a selection's fixed part is left out (an explicit one is refused before
+    the model loads)."""
+    import pandas as pd
+
+    cfg, inputs = ctx.config, ctx.inputs
+    plan: dict[tuple[int, int], dict[int, list[str]]] = {}
+    for b in sorted(inputs.examples):
+        for s in range(len(inputs.selections)):
+            roles = plan.setdefault((b, s), {})
+            for n in cfg.budgets:
+                if n >= evals.floor(s):
+                    roles.setdefault(int(n), []).append("budget")
+            search = found.get((b, s))
+            for tau in cfg.effective_taus if search is not None else ():
+                n = search.nstar[float(tau)]
+                if n is not None:
+                    roles.setdefault(int(n), []).append(f"nstar {tau:g}")
+    evals.run("qa-budgets", "qa: budgets and N*", [(b, s, n) for (b, s), roles in
+                                                    plan.items() for n in roles])
+    rows = []
+    for (b, s), roles in plan.items():
+        sel = inputs.selections[s]
+        for n in sorted(roles):
+            got = evals.at(b, s, n)
+            k, e = int(got.correct.sum()), len(got.correct)
+            lo, hi = wilson(k, e)
+            d, d_lo, d_hi, _ = _mean_ci(got.loss - base[b].loss, cfg.bootstrap, cfg.seed)
+            r, r_lo, r_hi, _ = _mean_ci(got.recall, cfg.bootstrap, cfg.seed)
+            rows.append({"prompt_format": inputs.prompt_format, "background": b,
+                         "ranking": sel.ranking, "mode": sel.mode, "n": n,
+                         "budget": "budget" in roles[n],
+                         "nstar_taus": ",".join(x.split()[1] for x in roles[n]
+                                                if x.startswith("nstar")),
+                         "n_examples": e, "accuracy": k / e, "accuracy_low": lo,
+                         "accuracy_high": hi, "delta_loss": d, "delta_low": d_lo,
+                         "delta_high": d_hi, "support_recall": r, "recall_low": r_lo,
+                         "recall_high": r_hi})
+    return {"qa_budget": pd.DataFrame(rows)}
 
 
 def _number(n: int | None) -> float:

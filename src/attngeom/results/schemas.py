@@ -132,6 +132,12 @@ _DECLARED: dict[str, dict[str, str]] = {
         _ID + "background:i ranking:s mode:s tau:f nstar:f grid_nstar:f nstar_low:f "
         "nstar_high:f"
     ),
+    # every selection at the budgets and at its N* (issue 39: retrieval per policy)
+    "qa_budget": _cols(
+        _ID + "background:i ranking:s mode:s n:i budget:b nstar_taus:s n_examples:i "
+        "accuracy:f accuracy_low:f accuracy_high:f delta_loss:f delta_low:f delta_high:f "
+        "support_recall:f recall_low:f recall_high:f"
+    ),
     "context_nll": _cols(_ID + "length:i scoring:s nll:f"),
     "context_curve": _cols(_ID + "length:i ranking:s mode:s scoring:s n:i delta_rel:f"),
     "context_nstar": _cols(
@@ -140,6 +146,16 @@ _DECLARED: dict[str, dict[str, str]] = {
     ),
     "context_slope": _cols(
         _ID + "ranking:s mode:s scoring:s tau:f slope:f slope_low:f slope_high:f n_lengths:i"
+    ),
+    # the geometry of what each ranking keeps at the final query (issue 39, probes/kept.py)
+    "kept_geometry": _cols(
+        _ID + "length:i layer:i head:i ranking:s n:i kept:f overlap:f precision:f recall:f "
+        "f_score:f f_random:f n_windows:i"
+    ),
+    "kept_summary": _cols(
+        _ID + "length:i ranking:s n:i n_windows:i kept:f overlap:f overlap_low:f "
+        "overlap_high:f precision:f recall:f f_score:f f_score_low:f f_score_high:f "
+        "f_random:f f_random_low:f f_random_high:f f_gap:f f_gap_low:f f_gap_high:f"
     ),
     # study tables (``attngeom reproduce``): computed from the runs' tables
     "regime_stability": _cols(
@@ -182,10 +198,13 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "qa_support_summary": (*_MC, "background", "score", "statistic", "split"),
     "qa_curve": (*_MC, "background", "ranking", "mode", "n"),
     "qa_nstar": (*_MC, "background", "ranking", "mode", "tau"),
+    "qa_budget": (*_MC, "background", "ranking", "mode", "n"),
     "context_nll": (*_MC, "length", "scoring"),
     "context_curve": (*_MC, "length", "ranking", "mode", "scoring", "n"),
     "context_nstar": (*_MC, "length", "ranking", "mode", "scoring", "tau"),
     "context_slope": (*_MC, "ranking", "mode", "scoring", "tau"),
+    "kept_geometry": (*_MC, "length", "layer", "head", "ranking", "n"),
+    "kept_summary": (*_MC, "length", "ranking", "n"),
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
