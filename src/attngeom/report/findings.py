@@ -594,7 +594,11 @@ def local_tables(local) -> list[tuple[str, pd.DataFrame]]:
                             "layer", "head"])[cols])]
 
 
+from attngeom.report.policies import policy_findings, policy_tables  # noqa: E402
+
 SECTIONS = SECTIONS + (
+    Section("policies", "Sparse-attention policies against the oracle",
+            ("restrict_nstar", "restrict_alone"), (policy_findings,), policy_tables),
     Section("local_restriction", "Localised restriction", ("restrict_local",),
             (local_findings,), local_tables),
     Section("atlas", "Head atlas", ("head_scores", "atlas_contingency", "atlas_kappa",
