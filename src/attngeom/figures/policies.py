@@ -13,15 +13,19 @@ import numpy as np
 from attngeom.figures import style
 from attngeom.figures._common import pick
 from attngeom.figures.style import Drawn, styled
-from attngeom.names import ORACLE, RANKINGS
+from attngeom.names import HEAD_TYPES, ORACLE, RANKINGS
 
 _TAU_MARKERS = ("o", "s", "^", "D")
 
 
+def ranking_order(name: str) -> tuple[int, str]:
+    """Rankings in the registry's order (the oracle first), then any other name."""
+    names = RANKINGS.names()
+    return (names.index(name) if name in names else len(names), name)
+
+
 def _order(rankings) -> list[str]:
-    """The registry's order (the oracle first), then any other name."""
-    order = RANKINGS.names()
-    return sorted(set(rankings), key=lambda r: (order.index(r) if r in order else 99, r))
+    return sorted(set(rankings), key=ranking_order)
 
 
 @styled
@@ -73,6 +77,12 @@ def fig_policy_nstar(nstar, *, model=None, corpus=None, renormalize: bool | None
     return drawn
 
 
+def type_order(name: str) -> tuple[int, str]:
+    """Head types in the registry's order, then the step's ``untyped`` and ``all``."""
+    names = [*HEAD_TYPES.names(), "untyped", "all"]
+    return (names.index(name) if name in names else len(names), name)
+
+
 def _groups(df, *keys) -> list[tuple]:
     return list(df[["model", "corpus", *keys]].drop_duplicates().itertuples(index=False,
                                                                               name=None))
@@ -95,11 +105,12 @@ def fig_study_policy_types(types, *, models=None, corpora=None) -> Drawn:
         rows = deleted if len(deleted) else rows
         rows = rows[rows["tau"] == rows["tau"].min()]
         rankings = _order(rows["ranking"])
-        kinds = list(dict.fromkeys(rows["head_type"]))
+        kinds = sorted(set(rows["head_type"]), key=type_order)
         grid = (rows.pivot_table(index="head_type", columns="ranking",
                                  values="mean_delta_nll_rel", aggfunc="first", dropna=False)
                 .reindex(index=kinds, columns=rankings))
         image = ax.imshow(grid.to_numpy(float), aspect="auto", cmap="viridis")
+        ax.grid(False)
         fig.colorbar(image, ax=ax, label=r"mean relative $\Delta$NLL")
         drawn.images.append(image)
         ax.set_xticks(range(len(rankings)), rankings, rotation=20, ha="right")

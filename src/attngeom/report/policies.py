@@ -16,8 +16,10 @@ import math
 
 import pandas as pd
 
+from attngeom.figures.policies import ranking_order, type_order
 from attngeom.names import ORACLE
 from attngeom.report.html import fmt
+from attngeom.report.tables import keyed
 
 FIRST_SHOWN = 5  # heads alone: the heads of largest increase shown per ranking
 STREAMING_POLICY = "window"  # the policy whose first heads are asked about (streaming?)
@@ -25,12 +27,6 @@ STREAMING_POLICY = "window"  # the policy whose first heads are asked about (str
 
 def _treatment(flag) -> str:
     return "renormalised" if bool(flag) else "deleted"
-
-
-def _keyed(*args):
-    from attngeom.report.findings import keyed  # findings imports this module
-
-    return keyed(*args)
 
 
 def beside_oracle(nstar) -> pd.DataFrame | None:
@@ -62,7 +58,7 @@ def policy_findings(nstar, alone, label: str = "") -> list[str]:
         for r in rows.sort_values(["ranking", "renormalize", "tau"]).itertuples():
             out.append(f"{label}Under {r.ranking} ({r.treatment}, whole model), N*_tau at tau "
                        f"= {fmt(r.tau)} is {fmt(r.n_star)} against the {ORACLE} oracle's "
-                       f"{fmt(r.oracle_n_star)}: {fmt(r.ratio)}x "
+                       f"{fmt(r.oracle_n_star)}: ratio {fmt(r.ratio)} "
                        f"({_interval(r.ratio_low, r.ratio_high)}).")
     if alone is not None and len(alone):
         for (ranking, flag), g in alone.groupby(["ranking", "renormalize"], sort=True):
@@ -145,8 +141,11 @@ def study_policy_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
     if types is not None and len(types):
         t = types.assign(treatment=types["renormalize"].map(_treatment))
         index = ["model", "corpus", "part", "treatment", "tau", "n", "head_type"]
-        wide = _keyed(t, index, "ranking", "mean_delta_nll_rel", "policy_head_types")
+        wide = keyed(t, index, "ranking", "mean_delta_nll_rel", "policy_head_types")
         wide.insert(0, "heads", t.groupby(index)["n_heads"].max())
+        wide = wide.iloc[sorted(range(len(wide)), key=lambda i: (
+            *wide.index[i][:-1], type_order(wide.index[i][-1])))]
+        wide = wide[sorted(wide.columns, key=lambda c: (c != "heads", ranking_order(c)))]
         out.append(("Policy x head type: mean relative delta-NLL of restricting one head "
                     f"alone at the {ORACLE} oracle's N*_tau (n), per head type of the atlas "
                     "(heads: how many of that type; untyped: of no type; all: every head)",
@@ -166,7 +165,7 @@ def study_policy_tables(tables: dict) -> list[tuple[str, pd.DataFrame]]:
         index = ["model", "corpus", "background", "ranking", "mode"]
         for value, words in (("accuracy", "accuracy"), ("delta_loss", "answer-loss increase "
                                                                       "(nats)")):
-            wide = _keyed(b, index, "n", value, "qa_budget")
+            wide = keyed(b, index, "n", value, "qa_budget")
             wide.columns = [f"N={c}" for c in wide.columns]
             out.append((f"qa {words} against the budget N, per ranking and background", wide))
     return out
@@ -187,7 +186,8 @@ def study_policy_findings(tables: dict) -> list[str]:
         if math.isnan(share) or g["streaming"].isna().any():
             count, rate = "not measured (the atlas has no streaming score)", ""
         else:
-            count = f"{int(g['streaming'].sum())} are streaming heads"
+            k = int(g["streaming"].sum())
+            count = f"{k} {'is a streaming head' if k == 1 else 'are streaming heads'}"
             rate = (f" (streaming heads are {fmt(100 * share)}% of the "
                     f"{int(g['n_heads'].iloc[0])} heads restricted)")
         out.append(f"{model} on {corpus}, {source}: of the {len(g)} heads that break first "

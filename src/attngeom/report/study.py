@@ -19,9 +19,10 @@ import pandas as pd
 from attngeom.errors import RunDirError
 from attngeom.figures.study import STUDY_FIGURES
 from attngeom.figures.style import DPI, save
-from attngeom.report.findings import keyed, main_rows, main_setting
+from attngeom.report.findings import main_rows, main_setting
 from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
 from attngeom.report.policies import study_policy_findings, study_policy_tables
+from attngeom.report.tables import keyed
 from attngeom.results.io import read_table
 from attngeom.results.schemas import SCHEMAS
 
