@@ -619,32 +619,6 @@ def _alone_options(cfg: RestrictConfig) -> None:
                           f"add {ORACLE} to the rankings")
 
 
-@command("restrict-policies", help="sparse-attention policies against the top-N oracle: "
-         "N*, its ratio, each head alone", work="attngeom.engine.loss_runs:Restrict",
-         summary="attngeom.report.text:restrict_summary", run_dir="policies", loss=True,
-         study="policies", study_tables=(("restrict", "policy_restrict"),
-                                         ("restrict_nstar", "policy_nstar"),
-                                         ("restrict_alone", "policy_alone")))
-@dataclass(frozen=True)
-class PolicyRestrictConfig(RestrictConfig):
-    """``restrict`` with issue 39's policies beside the oracle and each head alone at its
-    N*_5%, under its own name so that a study runs it beside the restriction part on the
-    same model and corpus (study name ``policies``; its tables are ``policy_*`` there)."""
-
-    n_grid: tuple[int, ...] = option((16, 32, 64), check=Sizes(),
-                                     help="kept entries N per query: the search's first round "
-                                     "(at least Quest's page of 16)")
-    rankings: tuple[str, ...] = option(("attention", "window", "h2o", "tova", "quest"),
-                                       check=SubsetOf(RANKINGS),
-                                       help=f"which N keys are kept: {', '.join(RANKINGS)}")
-    renormalize: tuple[bool, ...] = option((False,), check=Flags(),
-                                           help="renormalise the kept probabilities: true, "
-                                           "false or both")
-    alone_tau: float | None = option(
-        0.05, check=_AloneTau(), help="restrict each head alone, under every ranking, at the "
-        "attention oracle's N*_tau for this tau (one of --taus; none: not run)")
-
-
 def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]]:
     """(name, resolved type, default, metadata) of every CLI option of ``cls``, in order."""
     hints = typing.get_type_hints(cls)
@@ -982,3 +956,30 @@ class LocalRestrictConfig(RestrictConfig):
         if self.scope == "model":
             raise ConfigError("scope: restrict-local scans layers or heads (layer, head); "
                               "the whole model is restrict's")
+
+
+@command("restrict-policies", help="sparse-attention policies against the top-N oracle: "
+         "N*, its ratio, each head alone", work="attngeom.engine.loss_runs:Restrict",
+         summary="attngeom.report.text:restrict_summary", run_dir="policies", loss=True,
+         study="policies", study_tables=(("restrict", "policy_restrict"),
+                                         ("restrict_nstar", "policy_nstar"),
+                                         ("restrict_alone", "policy_alone")))
+@dataclass(frozen=True)
+class PolicyRestrictConfig(RestrictConfig):
+    """``attngeom restrict-policies``: restrict with the sparse-attention policies beside the
+    attention oracle (N* and its ratio) and each head alone at the oracle's N*_5%, a study
+    part of its own (``policies``) whose tables a study names ``policy_*``, so it runs
+    beside the restriction part on the same model and corpus."""
+
+    n_grid: tuple[int, ...] = option((16, 32, 64), check=Sizes(),
+                                     help="kept entries N per query: the search's first round "
+                                     "(at least Quest's page of 16)")
+    rankings: tuple[str, ...] = option(("attention", "window", "h2o", "tova", "quest"),
+                                       check=SubsetOf(RANKINGS),
+                                       help=f"which N keys are kept: {', '.join(RANKINGS)}")
+    renormalize: tuple[bool, ...] = option((False,), check=Flags(),
+                                           help="renormalise the kept probabilities: true, "
+                                           "false or both")
+    alone_tau: float | None = option(
+        0.05, check=_AloneTau(), help="restrict each head alone, under every ranking, at the "
+        "attention oracle's N*_tau for this tau (one of --taus; none: not run)")

@@ -24,8 +24,8 @@ LAYER_CALL_S = 4e-3
 # work beyond the plain forward, per command (capture and metrics, eager attention with
 # the restriction, candidate scoring)
 OVERHEAD = {"analyze": 2.5, "atlas": 2.5, "prune": 1.2, "scan-heads": 1.1, "restrict": 1.6,
-            "restrict-local": 1.6, "competition": 1.6, "competition-qa": 1.6,
-            "competition-context": 1.6}
+            "restrict-local": 1.6, "restrict-policies": 1.6, "competition": 1.6,
+            "competition-qa": 1.6, "competition-context": 1.6}
 EXTRA_N = 10  # Ns the adaptive search asks beyond the grid, per search (measured: 9-12)
 QA_PROMPT = 160  # tokens of a qa prompt without background (instruction, facts, question)
 
@@ -63,7 +63,7 @@ def cell_forwards(command: str, cfg, shape: dict) -> list[tuple[int, float]]:
         ranking = layers * heads + 1 if "sensitivity" in cfg.rankers else 1
         return [(t, float(cfg.n_eval_windows * (1 + settings * len(cfg.keep_fractions))
                           + cfg.n_rank_windows * ranking))]
-    if command in ("restrict", "restrict-local"):
+    if command in ("restrict", "restrict-local", "restrict-policies"):
         selections = len(cfg.rankings) * len(cfg.renormalize)
         if cfg.scope != "model":
             targets = layers + min(cfg.scan_top_layers, layers) * heads
@@ -72,7 +72,11 @@ def cell_forwards(command: str, cfg, shape: dict) -> list[tuple[int, float]]:
         scopes = sum({"model": 1, "layer": layers, "head": layers * heads}[s]
                      for s in cfg.scopes)
         per = _grid(cfg.n_grid, t) + (EXTRA_N if cfg.search == "adaptive" else 0)
-        return [(t, float(cfg.n_eval_windows * (1 + selections * scopes * per)))]
+        # each head alone at the oracle's N* (--alone-tau): one more pass with the base
+        alone = 0 if cfg.alone_tau is None else 1 + selections * (
+            len(cfg.heads) if cfg.heads is not None
+            else heads * (layers if cfg.layers is None else len(cfg.layers)))
+        return [(t, float(cfg.n_eval_windows * (1 + selections * scopes * per + alone)))]
     if command.startswith("competition"):
         return _competition_forwards(cfg, shape)
     return [(t, 1.0)]
