@@ -44,10 +44,10 @@ def test_every_command_is_one_declaration_read_everywhere() -> None:
             assert study.interventions()[spec.study] == name
     assert presets.LOSS_COMMANDS == loss_commands() == (
         "prune", "scan-heads", "restrict", "competition", "competition-qa",
-        "competition-context", "restrict-local")
+        "competition-context", "restrict-local", "restrict-policies")
     assert [study.run_dir(n) for n in COMMANDS] == [
         "analyze", "prune", "scan", "restrict", "atlas", "competition", "qa", "context",
-        "restrict-local"]
+        "restrict-local", "policies"]
 
 
 def test_every_option_and_positional_has_help_and_out_is_declared_once() -> None:

@@ -35,6 +35,7 @@ from attngeom.names import (
     DOC_BOUNDARIES,
     DTYPES,
     HEAD_TYPES,
+    ORACLE,
     PROBES,
     QUANTIZATIONS,
     RANDOM_CONTROL,
@@ -110,6 +111,9 @@ class CommandSpec:
     run_dir: str = ""  # its folder in a study, runs/MODEL/CORPUS/RUN_DIR (default: name)
     loss: bool = False  # measures next-token loss: needs a causal LM, holds the logits
     study: str | None = None  # its name in a study's analyses (None: not in studies)
+    # (run table, study table): its tables' names among a study's combined tables where
+    # another part writes the same table for the same model and corpus
+    study_tables: tuple[tuple[str, str], ...] = ()
 
     @property
     def folder(self) -> str:
@@ -491,6 +495,15 @@ class _RelativeTaus(Check):
         return tuple(dict.fromkeys(taus))
 
 
+class _AloneTau(Check):
+    """None, or one relative threshold in (0, 1)."""
+
+    def clean(self, name, value):
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        return _RelativeTaus().clean(name, [v.number(name, value)])[0]
+
+
 def _policy_budgets(rankings: tuple[str, ...], sizes, name: str) -> None:
     """A budget below a ranking's fixed part (the keys every budget holds) is refused."""
     for ranking in rankings:
@@ -548,6 +561,11 @@ class RestrictConfig(_InterventionConfig):
                          help="integers below the bisection's pass tried upward")
     bootstrap: int = option(1000, check=Integer(0),
                             help="document bootstrap replicates of N*'s interval (0: none)")
+    alone_tau: float | None = option(
+        None, check=_AloneTau(), fingerprint="unless_default",
+        help="then restrict each head of --layers (or --heads) alone, under every ranking, "
+        "at the attention oracle's whole-model N*_tau for this tau (one of --taus): the "
+        "restrict_alone table (default: not run)")
     # the localised scan's options: ``restrict-local`` shows them (``restrict`` computes
     # N* over the scopes of --scopes; the API may still pass scope= here)
     scope: str = option("model", check=OneOf(RESTRICT_SCOPES), cli=False,
@@ -563,8 +581,12 @@ class RestrictConfig(_InterventionConfig):
     def check_options(self) -> None:
         super().check_options()
         _loss_rankings(self.rankings)
-        _policy_budgets(self.rankings, self.n_grid if self.scope == "model" else self.scan_n,
-                        "n_grid" if self.scope == "model" else "scan_n")
+        if self.scope != "model":
+            _policy_budgets(self.rankings, self.scan_n, "scan_n")
+        elif self.n_grid != type(self).__dataclass_fields__["n_grid"].default:
+            # a grid given explicitly is checked; the default one starts at N = 1, and its
+            # Ns below a ranking's fixed part fail the search without a forward
+            _policy_budgets(self.rankings, self.n_grid, "n_grid")
         if self.scope == "head" and self.scan_top_layers < 1:
             raise ConfigError("scope head: expected scan_top_layers >= 1 (the layers whose "
                               "heads are scanned), got 0: no layer to scan")
@@ -572,6 +594,8 @@ class RestrictConfig(_InterventionConfig):
             raise ConfigError(f"scan_n: expected N below the window length "
                               f"{self.window_length} (N >= T restricts nothing), got "
                               f"{max(self.scan_n)}")
+        if self.alone_tau is not None:
+            _alone_options(self)
         if self.heads is not None and self.layers is not None:
             outside = [h for h in self.heads if h[0] not in self.layers]
             if outside:
@@ -584,6 +608,19 @@ class RestrictConfig(_InterventionConfig):
             raise ConfigError(f"scan_top_layers: expected at most the {scanned} layers the "
                               f"layer scan covers (valid: 1..{scanned}), got "
                               f"{self.scan_top_layers}")
+
+
+def _alone_options(cfg: RestrictConfig) -> None:
+    """The heads alone run at the oracle's N*_tau of the whole-model searches."""
+    if cfg.scope != "model" or "model" not in cfg.scopes:
+        raise ConfigError("alone_tau: each head alone runs at the whole-model N* of "
+                          "restrict --scopes model (restrict-local scans instead)")
+    if cfg.alone_tau not in cfg.taus:
+        raise ConfigError(f"alone_tau: expected one of the taus "
+                          f"{','.join(f'{t:g}' for t in cfg.taus)}, got {cfg.alone_tau:g}")
+    if ORACLE not in cfg.rankings:
+        raise ConfigError(f"alone_tau: each head alone runs at the {ORACLE} oracle's N*: "
+                          f"add {ORACLE} to the rankings")
 
 
 def option_fields(cls: type[RunConfig]) -> list[tuple[str, object, object, dict]]:
@@ -916,6 +953,8 @@ class LocalRestrictConfig(RestrictConfig):
 
     scopes: tuple[str, ...] = option(("model",), check=SubsetOf(RESTRICT_SCOPES), cli=False,
                                      help="not used by the localised scan (restrict's)")
+    alone_tau: float | None = option(None, check=_AloneTau(), cli=False,
+                                     help="not used by the localised scan (restrict's)")
     scope: str = option("head", check=OneOf(RESTRICT_SCOPES),
                         help="layer: N keys in one layer at a time; head: the layer scan, "
                         "then each head of the most sensitive layers")
@@ -930,3 +969,30 @@ class LocalRestrictConfig(RestrictConfig):
         if self.scope == "model":
             raise ConfigError("scope: restrict-local scans layers or heads (layer, head); "
                               "the whole model is restrict's")
+
+
+@command("restrict-policies", help="sparse-attention policies against the top-N oracle: "
+         "N*, its ratio, each head alone", work="attngeom.engine.loss_runs:Restrict",
+         summary="attngeom.report.text:restrict_summary", run_dir="policies", loss=True,
+         study="policies", study_tables=(("restrict", "policy_restrict"),
+                                         ("restrict_nstar", "policy_nstar"),
+                                         ("restrict_alone", "policy_alone")))
+@dataclass(frozen=True)
+class PolicyRestrictConfig(RestrictConfig):
+    """``attngeom restrict-policies``: restrict with the sparse-attention policies beside the
+    attention oracle (N* and its ratio) and each head alone at the oracle's N*_5%, a study
+    part of its own (``policies``) whose tables a study names ``policy_*``, so it runs
+    beside the restriction part on the same model and corpus."""
+
+    n_grid: tuple[int, ...] = option((16, 32, 64), check=Sizes(),
+                                     help="kept entries N per query: the search's first round "
+                                     "(at least Quest's page of 16)")
+    rankings: tuple[str, ...] = option(("attention", "window", "h2o", "tova", "quest"),
+                                       check=SubsetOf(RANKINGS),
+                                       help=f"which N keys are kept: {', '.join(RANKINGS)}")
+    renormalize: tuple[bool, ...] = option((False,), check=Flags(),
+                                           help="renormalise the kept probabilities: true, "
+                                           "false or both")
+    alone_tau: float | None = option(
+        0.05, check=_AloneTau(), help="restrict each head alone, under every ranking, at the "
+        "attention oracle's N*_tau for this tau (one of --taus; none: not run)")

@@ -31,6 +31,12 @@ from tests.report.consistency import (
     text,
     treatment,
 )
+from tests.report.policy_checks import (
+    RUN_POLICY_SENTENCES,
+    RUN_POLICY_TABLES,
+    STUDY_POLICY_SENTENCES,
+    study_policy_checks,
+)
 
 _MC = {"model": ("model", None), "corpus": ("corpus", None)}
 
@@ -491,6 +497,12 @@ def study_checks(tables, presets: dict, corpora: dict) -> list:
               every_key=("model", "corpus", "scoring", "ranking", "mode", "tau")),
         _ReferenceTable(presets, corpora),
         _Unmeasured(presets, corpora),
+        Cells(r"^Localised restriction: the most sensitive layer and head per model$",
+              "restrict_local", {**_MC, "scope": ("scope", None), "ranking": ("ranking", None),
+                                 "renormalize": ("renormalize", None), "n": ("n", None)},
+              _as_itself, where=lambda df, m: df[df["rank"] == 1],
+              every_key=("model", "corpus", "scope", "ranking", "renormalize", "n")),
+        *study_policy_checks(tables),
     ]
 
 
@@ -646,3 +658,9 @@ STUDY_SENTENCES = [
              rf"relative delta-NLL over N = (?P<ns>[\d,]+) \(the follow-up's Table 1: the "
              rf"nine N = 1\.\.256\): (?P<rho>{_NUM})\.", _study_spearman),
 ]
+
+
+# the sparse-attention policies against the oracle (issue 39): tests/report/policy_checks.py
+RUN_TABLES += RUN_POLICY_TABLES
+RUN_SENTENCES += RUN_POLICY_SENTENCES
+STUDY_SENTENCES += STUDY_POLICY_SENTENCES

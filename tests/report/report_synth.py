@@ -10,6 +10,7 @@ values, and the head atlas has a score (retrieval) no head could be measured on.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +37,7 @@ def restrict_tables() -> dict[str, pd.DataFrame]:
     """Whole-model restriction by three rankings, deleted and renormalised: the grid N
     (1..16) and the integers an adaptive search added (off the grid), with N*_tau."""
     rows, nstar = [], []
+    oracle = {}  # (renormalize, tau) -> the attention ranking's N*, for every ranking's ratio
     for ranking, level in LEVEL.items():
         for renorm in (False, True):
             scale = level * (0.6 if renorm else 1.0)
@@ -51,6 +53,7 @@ def restrict_tables() -> dict[str, pd.DataFrame]:
             for tau in (0.05, 0.1):
                 passing = [n for n in ns if curve[n] <= tau]
                 found = float(min(passing)) if passing else float("nan")
+                theirs = oracle.setdefault((renorm, tau), found)  # attention comes first
                 grid = [n for n in base.N_GRID if curve[n] <= tau]
                 nstar.append({**MC, "scope": "model", "layer": -1, "head": -1,
                               "renormalize": renorm, "tau": tau, "n_star": found,
@@ -61,10 +64,36 @@ def restrict_tables() -> dict[str, pd.DataFrame]:
                               "n_evaluated": len(ns), "search": "interpolate",
                               "monotone": True, "note": "", "window_length": 64,
                               "n_star_bisect": found, "n_star_interpolate": found,
-                              "oracle_n_star": found, "ratio": 1.0, "ratio_low": 1.0,
-                              "ratio_high": 1.0})
+                              "oracle_n_star": theirs, "ratio": found / theirs,
+                              "ratio_low": found / theirs - 0.25 * (ranking != "attention"),
+                              "ratio_high": found / theirs + 0.5 * (ranking != "attention")})
     return {"restrict": _checked("restrict", rows),
-            "restrict_nstar": _checked("restrict_nstar", nstar)}
+            "restrict_nstar": _checked("restrict_nstar", nstar),
+            "restrict_alone": alone_table(oracle)}
+
+
+ALONE_TAU = 0.05
+
+
+def alone_table(oracle: dict) -> pd.DataFrame:
+    """Each head alone at the attention oracle's N*_5% of each treatment: the three
+    rankings measured (every head a different increase, the rankings an order of
+    magnitude apart) and quest, whose page of 16 is more than that N (NaN)."""
+    rows = []
+    for renorm in (False, True):
+        n = int(oracle[(renorm, ALONE_TAU)])
+        for ranking in (*LEVEL, "quest"):
+            for layer in range(LAYERS):
+                for head in range(HEADS):
+                    d = (math.nan if ranking == "quest"
+                         else LEVEL[ranking] * (1 + layer * HEADS + head) / 100)
+                    rows.append({**MC, "layer": layer, "head": head, "ranking": ranking,
+                                 "renormalize": renorm, "tau": ALONE_TAU, "n": n,
+                                 "nll": 2.0 * (1 + d), "delta_nll_rel": d,
+                                 "mean_doc_delta_rel": d * (1.1 if head % 2 else 0.9),
+                                 "status": "below_fixed" if ranking == "quest" else "measured",
+                                 "n_windows": 3})
+    return _checked("restrict_alone", rows)
 
 
 def local_tables() -> dict[str, pd.DataFrame]:
@@ -238,10 +267,46 @@ def study_tables() -> dict[str, pd.DataFrame]:
               "restrict_nstar": pd.concat(nstars, ignore_index=True),
               "context_nstar": _checked("context_nstar", contexts),
               "pruning": t["pruning"].assign(model=STUDY_MODEL, corpus="owt")}
+    tables.update(policy_study_tables())
     tables["geometry_loss"] = combine.geometry_loss(tables["summary"], tables["restrict"])
     tables["reference_values"] = combine.reference_values(study_stub(), tables,
                                                           references.REFERENCES)
     return tables
+
+
+POLICIES = {"contribution": "window", "random": "h2o"}  # the policies part's rankings
+
+
+def policy_study_tables() -> dict[str, pd.DataFrame]:
+    """The policies part on wt (its N* beside the oracle, each head alone), the atlas'
+    head scores with a streaming score (two streaming heads), the policy_atlas step's
+    tables from them, and qa accuracy at three budgets under two rankings."""
+    from attngeom.studies import combine
+
+    where = {"model": STUDY_MODEL, "corpus": "wt"}
+    r = restrict_tables()
+    nstar = r["restrict_nstar"].assign(**where).replace({"ranking": POLICIES})
+    alone = r["restrict_alone"].assign(**where).replace({"ranking": POLICIES})
+    scores = atlas_tables()["head_scores"]
+    streaming = scores[scores["score"] == "sink"].assign(
+        score="streaming", threshold=0.1, is_type=False, value=0.5)
+    streaming.loc[streaming["head"] == 0, ["value", "is_type"]] = [0.05, True]
+    scores = pd.concat([scores, streaming], ignore_index=True).assign(**where)
+    local = local_tables()["restrict_local"].assign(ranking="window", **where)
+    parts = {"policies": alone}
+    budget = [{**where, "background": b, "ranking": ranking, "mode": "deletion", "n": n,
+               "accuracy": (0.9 if ranking == "attention" else 0.3 + n / 512) - b / 5000,
+               "delta_loss": (0.05 if ranking == "attention" else 1.2 - n / 256) + b / 8000}
+              for b in (0, 1024) for ranking in ("attention", "window") for n in (16, 64, 256)]
+    return {"policy_nstar": _checked("policy_nstar", nstar),
+            "policy_alone": _checked("policy_alone", alone),
+            "head_scores": _checked("head_scores", scores),
+            "restrict_local": local,
+            "policy_head_types": _checked("policy_head_types",
+                                          combine.policy_head_types(parts, scores)),
+            "policy_first_heads": _checked("policy_first_heads", combine.policy_first_heads(
+                parts, local, scores)),
+            "qa_budget": _checked("qa_budget", budget)}
 
 
 def write_study(study_dir: Path, tables: dict[str, pd.DataFrame]) -> Path:

@@ -11,7 +11,9 @@ under one setting.
 ranking, renormalisation and scope target, then each round of the adaptive N* search
 for all of them at once, one pass over the windows per round (its own resumable
 stage, ``restrict`` then ``restrict-2``, ...), keeping each window's NLL for the
-document bootstrap. ``--scope layer|head`` runs the localised scan instead (stages
+document bootstrap. ``--alone-tau`` then restricts each head alone at the attention
+oracle's N*_tau under every ranking (one more stage, ``restrict-alone``: the
+``restrict_alone`` table). ``--scope layer|head`` runs the localised scan instead (stages
 ``restrict-layers`` and ``restrict-heads``).
 """
 
@@ -144,7 +146,13 @@ class Restrict(Command):
                                                length=length, adaptive=adaptive,
                                                bootstrap=cfg.bootstrap, seed=cfg.seed,
                                                beyond=cfg.n_grid, step=cfg.step)
-        return {"restrict": restrict, "restrict_nstar": nstar}
+        tables = {"restrict": restrict, "restrict_nstar": nstar}
+        if cfg.alone_tau is not None:
+            _, heads = sweeps.head_targets(ctx.model, cfg.layers, cfg.heads)
+            tables["restrict_alone"] = sweeps.alone_scan(
+                results, measure_rows(ctx, ev, "restrict-alone", "restrict: each head alone"),
+                cfg.alone_tau, heads, length=length)
+        return tables
 
 
 class Prune(Command):

@@ -27,11 +27,13 @@ from attngeom.figures.interventions import (
     fig_restrict_heads,
     fig_restrict_layers,
 )
+from attngeom.figures.policies import fig_policy_nstar
 from attngeom.figures.separability import fig_sink_variant, fig_topn_by_layer, fig_topn_curves
 from attngeom.figures.sink import fig_sink_cosine, fig_sink_norm_ratio, fig_sink_split
 from attngeom.figures.taxonomy import fig_regime_map, fig_regime_shares, fig_source_fractions
 from attngeom.names import (
     MIXER,
+    ORACLE,
     RANKINGS,
     RESET,
     RETRIEVER,
@@ -374,6 +376,23 @@ def restrict(g: Group):
         "order), deleted (the rest set to zero) or renormalised; diamonds mark the "
         "effective set size N*_tau at height tau.",
         ("restrict",) + (("restrict_nstar",) if nstar is not None else ()), draw)
+
+
+@figure("policy_nstar", "policies")
+def policy_nstar(g: Group):
+    nstar = g.get("restrict_nstar")
+    if nstar is None or "ranking" not in nstar.columns:
+        return None
+    model_rows = nstar[nstar["scope"] == "model"]
+    if model_rows["ranking"].nunique() < 2 or ORACLE not in set(model_rows["ranking"]):
+        return None
+    return Plot(
+        "Each ranking's N* beside the oracle's",
+        "Whole-model effective set size N*_tau of every ranking (the sparse-attention "
+        "policies and the scores) with its document-bootstrap interval, one marker per "
+        "tau; the dashed line of the same colour is the attention oracle's N*_tau (the "
+        "top-N keys by probability). Log scale.", ("restrict_nstar",),
+        _single(fig_policy_nstar, style.COLUMN_WIDTH * 1.2, 2.6, model_rows, **g.sel))
 
 
 @figure("restrict_local", "local_restriction")

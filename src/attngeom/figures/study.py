@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from attngeom.figures import style
+from attngeom.figures.policies import fig_study_policy_types, fig_study_qa_budget
 from attngeom.figures.style import Drawn, styled
 from attngeom.names import REGIMES, STABLE
 
@@ -265,6 +266,16 @@ STUDY_FIGURES = (
      "Relative delta-NLL when every head keeps only its N top-ranked keys (attention, "
      "contribution alpha ||v|| or random), deleted or renormalised, at every N the "
      "adaptive N* search tried."),
+    ("study-policy-types", "Sparse-attention policies by head type", "policy_head_types",
+     fig_study_policy_types,
+     "Mean relative delta-NLL of restricting one head alone, under each ranking, at the "
+     "attention oracle's whole-model N*_tau, per head type of the atlas (untyped: heads of "
+     "no type; all: every head); one panel per model, corpus and study part. Blank: a "
+     "policy not defined at that N (below its fixed part)."),
+    ("study-qa-budget", "qa accuracy against the budget", "qa_budget", fig_study_qa_budget,
+     "Accuracy of the qa probe's answer when the final query keeps N keys under each "
+     "ranking (deletion), one panel per background length: where a policy loses the "
+     "answer the oracle keeps."),
     ("study-table1", "Geometry against loss (the follow-up's Table 1)", "geometry_loss",
      fig_study_table1,
      "Spearman correlation over N of F_N and the restriction's relative delta-NLL, both "

@@ -16,7 +16,15 @@ functions here do the same in a loop for notebooks. The tables carry the columns
   n_star_high, n_evaluated, search, monotone, note, window_length``), from the adaptive
   search of ``interventions.nstar``;
 - ``restrict_local`` (``scope, layer, head, ranking, renormalize, n, nll,
-  delta_nll_rel, mean_doc_delta_rel, rank, n_windows``): the localised scan.
+  delta_nll_rel, mean_doc_delta_rel, rank, n_windows``): the localised scan;
+- ``restrict_alone`` (``layer, head, ranking, renormalize, tau, n, nll, delta_nll_rel,
+  mean_doc_delta_rel, status, n_windows``): each head restricted alone, under every
+  ranking, at the attention oracle's whole-model N*_tau (``alone_settings``).
+
+A ranking whose own rule holds a fixed part of the budget (``names.RANKINGS``' ``fixed``:
+StreamingLLM's four sinks, Quest's page) is not defined below it: an N* search counts
+such an N as failing without running it, so its N* is the smallest N at or above the
+fixed part within tau.
 
 ``delta_nll_rel`` is always ``(nll - base) / base`` against the unmodified model on
 the same evaluation windows. Argument values are checked by the configurations
@@ -45,12 +53,13 @@ from attngeom.interventions.perplexity import (
     relative_delta,
 )
 from attngeom.interventions.rankers import HeadRanking
-from attngeom.names import ORACLE, STEPS
+from attngeom.names import ORACLE, RANKINGS, STEPS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "ALONE_COLUMNS",
     "LOCAL_COLUMNS",
     "NSTAR_COLUMNS",
     "PRUNING_COLUMNS",
@@ -59,6 +68,10 @@ __all__ = [
     "SCAN_COLUMNS",
     "RemovedHeads",
     "Restriction",
+    "alone_scan",
+    "alone_settings",
+    "fixed_part",
+    "head_targets",
     "heads_to_keep",
     "local_scan",
     "mean_doc_delta",
@@ -98,6 +111,13 @@ LOCAL_COLUMNS = (
     "scope", "layer", "head", "ranking", "renormalize", "n", "nll", "delta_nll_rel",
     "mean_doc_delta_rel", "rank", "n_windows",
 )  # fmt: skip
+ALONE_COLUMNS = (
+    "layer", "head", "ranking", "renormalize", "tau", "n", "nll", "delta_nll_rel",
+    "mean_doc_delta_rel", "status", "n_windows",
+)  # fmt: skip
+# restrict_alone's status: run; N at or past the window (the identity: nothing runs,
+# delta 0); N below the ranking's fixed part (undefined: NaN)
+MEASURED, IDENTITY, BELOW_FIXED = "measured", "identity", "below_fixed"
 # n_star_status: found by the search (adaptive), the smallest grid N passing (grid), or
 # nothing shorter than the window passes: N* is the window length (endpoint)
 SEARCHED, WITHIN_GRID, ENDPOINT = "search", "within_grid", "endpoint"
@@ -183,21 +203,7 @@ def restrict_settings(model: nn.Module, n_grid: Sequence[int], *, scopes=("model
     head, for each of ``heads`` given as (layer, head) pairs (default: every head of
     ``layers``).
     """
-    layout = model_layout(model)
-    layer_list = list(range(layout.num_layers)) if layers is None else list(layers)
-    for layer in layer_list:
-        if not 0 <= layer < layout.num_layers:
-            raise ConfigError(f"layers: expected layers in [0, {layout.num_layers}) for "
-                              f"{layout.model_class}, got {layer}")
-    if heads is None:
-        head_list = [(l, h) for l in layer_list for h in range(layout.num_heads)]
-    else:
-        head_list = [tuple(x) for x in heads]
-        bad = [x for x in head_list if not (0 <= x[0] < layout.num_layers
-                                            and 0 <= x[1] < layout.num_heads)]
-        if bad:
-            raise ConfigError(f"heads: expected layer in [0, {layout.num_layers}) and head in "
-                              f"[0, {layout.num_heads}) for {layout.model_class}, got {bad[0]}")
+    layer_list, head_list = head_targets(model, layers, heads)
     targets: list[tuple[str, int, int]] = []
     for scope in dict.fromkeys([scopes] if isinstance(scopes, str) else scopes):
         if scope == "model":
@@ -212,6 +218,35 @@ def restrict_settings(model: nn.Module, n_grid: Sequence[int], *, scopes=("model
     return [Restriction(scope, layer, head, n, flag, ranking, int(seed))
             for scope, layer, head in targets for ranking in dict.fromkeys(ranks)
             for flag in dict.fromkeys(flags) for n in ns]
+
+
+def head_targets(model: nn.Module, layers: Iterable[int] | None = None,
+                 heads: Iterable | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+    """``(layers, heads)``: the layers (default every one) and the (layer, head) pairs
+    (default every head of those layers) a layer or head scope restricts, checked
+    against the model (one line naming the valid range)."""
+    layout = model_layout(model)
+    layer_list = list(range(layout.num_layers)) if layers is None else list(layers)
+    for layer in layer_list:
+        if not 0 <= layer < layout.num_layers:
+            raise ConfigError(f"layers: expected layers in [0, {layout.num_layers}) for "
+                              f"{layout.model_class}, got {layer}")
+    if heads is None:
+        return layer_list, [(l, h) for l in layer_list for h in range(layout.num_heads)]
+    head_list = [(int(x[0]), int(x[1])) for x in heads]
+    bad = [x for x in head_list if not (0 <= x[0] < layout.num_layers
+                                        and 0 <= x[1] < layout.num_heads)]
+    if bad:
+        raise ConfigError(f"heads: expected layer in [0, {layout.num_layers}) and head in "
+                          f"[0, {layout.num_heads}) for {layout.model_class}, got {bad[0]}")
+    return layer_list, head_list
+
+
+def fixed_part(ranking: str) -> int:
+    """The keys a ranking's own rule holds at its default parameters (``names.RANKINGS``'
+    ``fixed``: 4 for ``window``, 16 for ``quest``, 0 for a score): a smaller N is not
+    defined for it."""
+    return int((RANKINGS.meta(ranking) or {}).get("fixed", 0))
 
 
 def prune_settings(model: nn.Module, rankings: Sequence[HeadRanking],
@@ -349,14 +384,18 @@ def restrict_search(templates: Sequence[Restriction], measure: Measure, *, lengt
     Each round gathers every search's next Ns into one list of settings and measures
     them in one pass over the windows (``measure``); round 0 is the grid (every ``grid``
     N below ``length``) with the base. Delta is the relative delta-NLL of pooled means,
-    as in the tables. Returns ``(base_nll, base_docs, results)``.
+    as in the tables; an N below a template's ``fixed_part`` is not measured and fails
+    (``results[i].nll`` holds the measured Ns only). Returns ``(base_nll, base_docs,
+    results)``.
     """
     nll: dict[int, dict] = {i: {} for i in range(len(templates))}
     docs: dict[int, dict] = {i: {} for i in range(len(templates))}
     base: list = [math.nan, None]
+    floors = [fixed_part(t.ranking) for t in templates]
 
     def round_of(rnd: int, pairs: list) -> dict:
-        new = [(i, n) for i, n in dict.fromkeys(pairs) if n not in nll[i]]
+        # an N below the ranking's fixed part fails without a forward (it is undefined)
+        new = [(i, n) for i, n in dict.fromkeys(pairs) if n not in nll[i] and n >= floors[i]]
         if new or rnd == 0:  # round 0 measures the base too
             b, b_docs, got, got_docs = measure(rnd, [templates[i].at(n) for i, n in new])
             if rnd == 0:
@@ -364,7 +403,8 @@ def restrict_search(templates: Sequence[Restriction], measure: Measure, *, lengt
             for k, (i, n) in enumerate(new):
                 nll[i][n] = float(got[k])
                 docs[i][n] = np.asarray(got_docs[k], dtype=np.float64)
-        return {(i, n): relative_delta(nll[i][n], base[0]) for i, n in pairs}
+        return {(i, n): (math.inf if n < floors[i] else relative_delta(nll[i][n], base[0]))
+                for i, n in pairs}
 
     def make(i: int, rule: str):
         return search_rounds(taus, length=length, grid=grid, adaptive=adaptive, refine=refine,
@@ -419,7 +459,7 @@ def search_tables(results: Sequence[SearchResult], base: float, base_docs: np.nd
             nstar_rows.append((s.scope, s.layer, s.head, s.renormalize, float(tau),
                                math.nan if value is None else float(value), status, s.ranking,
                                math.nan if grid_value is None else float(grid_value), low, high,
-                               len(found.evaluations), step if adaptive else "grid",
+                               len(r.nll), step if adaptive else "grid",
                                found.monotone, note, int(length),
                                *(_number(r.rules.get(rule, found.nstar).get(float(tau)))
                                  for rule in STEPS),
@@ -512,6 +552,72 @@ def local_scan(templates: Sequence[Restriction], measure: Measure, *, layers: Se
                               ascending=[True] * 4 + [False, True, True], kind="stable")
     table.loc[order.index, "rank"] = order.groupby(keys, sort=False).cumcount().to_numpy() + 1
     return table
+
+
+# --------------------------------------------------------------------------- heads alone
+
+
+def alone_settings(results: Sequence[SearchResult], tau: float, heads: Sequence, *,
+                   length: int) -> list[tuple[Restriction, str]]:
+    """Each head of ``heads`` ((layer, head) pairs) restricted alone under every ranking
+    and treatment the whole-model searches ran, at N = the attention oracle's
+    whole-model N*_tau of the same treatment: one budget for every ranking, so that
+    their delta-NLL compare at the set size the oracle needs (issue 39's atlas join).
+
+    Returns ``(setting, status)`` pairs, heads first, then ranking and treatment in the
+    searches' order. Only ``measured`` settings are run; ``identity`` (N at or past the
+    window ``length``: nothing is restricted, delta 0) and ``below_fixed`` (N below the
+    ranking's ``fixed_part``: undefined, NaN) are recorded without a forward. A search
+    without its oracle is one line.
+    """
+    searched = [r for r in results if r.setting.scope == "model"]
+    budgets = {r.setting.renormalize: r.search.nstar[float(tau)] for r in searched
+               if r.setting.ranking == ORACLE}
+    variants = list(dict.fromkeys((r.setting.ranking, r.setting.renormalize, r.setting.seed)
+                                  for r in searched))
+    missing = [flag for _, flag, _ in variants if budgets.get(flag) is None]
+    if missing:
+        raise ConfigError(f"alone_tau: restricting each head alone reads the {ORACLE} "
+                          f"oracle's whole-model N*; add {ORACLE} to the rankings (no "
+                          f"oracle N* for renormalize={missing[0]})")
+    out = []
+    for layer, head in heads:
+        for ranking, flag, seed in variants:
+            n = int(budgets[flag])
+            status = (IDENTITY if n >= length else BELOW_FIXED if n < fixed_part(ranking)
+                      else MEASURED)
+            out.append((Restriction("head", int(layer), int(head), n, flag, ranking, seed),
+                        status))
+    return out
+
+
+def alone_scan(results: Sequence[SearchResult], measure: Measure, tau: float, heads: Sequence,
+               *, length: int):
+    """``restrict_alone`` (``ALONE_COLUMNS``): the ``alone_settings`` measured in one round
+    of ``measure`` (with the base, on the same windows as the searches) and recorded with
+    the delta-NLL of pooled means (``delta_nll_rel``) and the mean of each window's
+    relative increase (``mean_doc_delta_rel``, the localised scan's score)."""
+    import pandas as pd
+
+    pairs = alone_settings(results, tau, heads, length=length)
+    run = [s for s, status in pairs if status == MEASURED]
+    base, base_docs, nll, docs = measure(0, run)
+    base_docs = np.asarray(base_docs, dtype=np.float64)
+    rows, k = [], 0
+    for s, status in pairs:
+        if status == MEASURED:
+            x, mean_doc = float(nll[k]), mean_doc_delta(docs[k], base_docs)
+            k += 1
+        elif status == IDENTITY:
+            x, mean_doc = base, 0.0
+        else:
+            x = mean_doc = math.nan
+        rows.append((s.layer, s.head, s.ranking, s.renormalize, float(tau), s.n, x,
+                     relative_delta(x, base) if status != IDENTITY else 0.0, mean_doc,
+                     status, len(base_docs)))
+    table = pd.DataFrame(rows, columns=list(ALONE_COLUMNS))
+    return table.astype({"layer": "int64", "head": "int64", "n": "int64",
+                         "n_windows": "int64"})
 
 
 # --------------------------------------------------------------------------- one call each

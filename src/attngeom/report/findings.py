@@ -15,6 +15,8 @@ import pandas as pd
 
 from attngeom.names import MIXER, NO_REGIME, REGIMES, SEPARABILITY, STABLE, VARIANTS
 from attngeom.report.html import fmt
+from attngeom.report.policies import policy_findings, policy_tables
+from attngeom.report.tables import keyed
 
 LABELS = (*REGIMES, NO_REGIME)
 
@@ -33,21 +35,6 @@ def main_setting(rows) -> str:
     """The setting of ``main_rows`` in words: ``Euclidean, whole model``."""
     distance = str(rows["distance"].iloc[0]) if len(rows) else "euclidean"
     return f"{distance.capitalize()}, whole model"
-
-
-def keyed(df, index, columns, values, what: str):
-    """``df`` pivoted with exactly one row per cell: a table of the report never
-    averages rows its labels do not tell apart (several rows for one cell raise,
-    naming the table and the keys)."""
-    keys = [*index, *([columns] if isinstance(columns, str) else columns)]
-    dup = df.duplicated(keys, keep=False)
-    if dup.any():
-        from attngeom.errors import RunDirError
-
-        first = df.loc[dup, keys].iloc[0].to_dict()
-        raise RunDirError(f"{what}: several rows for {first}; expected one per "
-                          f"{', '.join(keys)}")
-    return df.pivot(index=index, columns=columns, values=values)
 
 
 def _pick_n(rows):
@@ -595,6 +582,8 @@ def local_tables(local) -> list[tuple[str, pd.DataFrame]]:
 
 
 SECTIONS = SECTIONS + (
+    Section("policies", "Sparse-attention policies against the oracle",
+            ("restrict_nstar", "restrict_alone"), (policy_findings,), policy_tables),
     Section("local_restriction", "Localised restriction", ("restrict_local",),
             (local_findings,), local_tables),
     Section("atlas", "Head atlas", ("head_scores", "atlas_contingency", "atlas_kappa",

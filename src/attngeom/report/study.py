@@ -4,8 +4,9 @@ It reads ``study.json`` and the combined tables of ``tables/`` (written by
 ``attngeom reproduce``) and shows the models side by side: the top-N curves overlaid,
 the sink's geometry by depth, regime shares with their stability and their agreement
 between corpora, pruning and restriction curves, N*_tau, the geometry-versus-loss
-correlation, the published reference values beside the measured ones, and a link to
-every run's own report. Figures are embedded (base64 PNG), PDFs sit beside the page.
+correlation, the sparse-attention policies against the oracle (``report/policies.py``),
+the published reference values beside the measured ones, and a link to every run's own
+report. Figures are embedded (base64 PNG), PDFs sit beside the page.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import pandas as pd
 from attngeom.errors import RunDirError
 from attngeom.figures.study import STUDY_FIGURES
 from attngeom.figures.style import DPI, save
-from attngeom.report.findings import keyed, main_rows, main_setting
+from attngeom.report.findings import main_rows, main_setting
 from attngeom.report.html import esc, facts_html, figure_html, fmt, json_details, page, table_html
+from attngeom.report.policies import study_policy_findings, study_policy_tables
+from attngeom.report.tables import keyed
 from attngeom.results.io import read_table
 from attngeom.results.schemas import SCHEMAS
 
@@ -69,7 +72,8 @@ def build_study_report(study_dir, *, formats=("png", "pdf")) -> Path:
     if figures:
         blocks.append(("figures", "Models side by side", "".join(figures)))
     tab_html = "".join(table_html(df, caption=cap) for cap, df in
-                       study_tables(tables) + new_part_tables(tables, record))
+                       study_tables(tables) + new_part_tables(tables, record)
+                       + study_policy_tables(tables))
     if tab_html:
         blocks.append(("tables", "Tables across models and corpora", tab_html))
     blocks.append(("references", "Published values",
@@ -451,7 +455,7 @@ def study_findings(tables: dict) -> list[str]:
             out.append(f"{row.model} on {row.corpus}{rule}: Spearman correlation of F_N with "
                        f"the restriction's relative delta-NLL over N = {row.ns}"
                        f"{paper}: {fmt(row.spearman)}.")
-    return out
+    return out + study_policy_findings(tables)
 
 
 # --------------------------------------------------------------------------- issue 31-32

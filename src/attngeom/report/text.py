@@ -202,7 +202,33 @@ def restrict_summary(res) -> str:
                      "NLL increases), three largest per scope\n" + top[
                          ["scope", "layer", "head", "ranking", "renormalize", "n",
                           "mean_doc_delta_rel"]].to_string(index=False))
-    return _join(*caveats(res), format_nstar(res))
+    return _join(*caveats(res), format_nstar(res), format_oracle_ratio(res))
+
+
+def format_oracle_ratio(res) -> str:
+    """Each ranking's N* over the attention oracle's, with the ratio's interval, and the
+    heads restricted alone at the oracle's N* (mean and largest increase per ranking)."""
+    from attngeom.report.policies import beside_oracle
+
+    parts = []
+    rows = beside_oracle(res.tables.get("restrict_nstar"))
+    if rows is not None:
+        cells = rows.assign(value=[f"{r:.3g} [{lo:.3g}, {hi:.3g}]" for r, lo, hi in zip(
+            rows["ratio"], rows["ratio_low"], rows["ratio_high"], strict=True)])
+        table = cells.pivot_table(index="tau", columns=["ranking", "treatment"],
+                                  values="value", aggfunc="first")
+        table.columns = [f"{r} {t}" for r, t in table.columns]
+        parts.append("N*_tau over the attention oracle's (ratio [95% interval])\n"
+                     + table.to_string())
+    alone = res.tables.get("restrict_alone")
+    if alone is not None and len(alone):
+        summary = alone.groupby(["ranking", "renormalize", "n"]).agg(
+            heads=("delta_nll_rel", "count"), mean=("delta_nll_rel", "mean"),
+            largest=("delta_nll_rel", "max"))
+        parts.append("each head alone at the attention oracle's N*_tau: relative delta-NLL "
+                     "over heads (none: the ranking is not defined at that N)\n"
+                     + summary.to_string())
+    return _join(*parts)
 
 
 def atlas_summary(res) -> str:

@@ -100,6 +100,11 @@ _DECLARED: dict[str, dict[str, str]] = {
         _ID + "scope:s layer:i head:i ranking:s renormalize:b n:i nll:f delta_nll_rel:f "
         "mean_doc_delta_rel:f rank:i n_windows:i"
     ),
+    # each head restricted alone at the attention oracle's N*_tau (restrict --alone-tau)
+    "restrict_alone": _cols(
+        _ID + "layer:i head:i ranking:s renormalize:b tau:f n:i nll:f delta_nll_rel:f "
+        "mean_doc_delta_rel:f status:s n_windows:i"
+    ),
     # the head atlas (probes/atlas.py): the field's head types, one row per head and score
     "head_scores": _cols(
         _ID + "layer:i head:i score:s value:f threshold:f is_type:b n_samples:i inputs:s seed:i"
@@ -169,7 +174,22 @@ _DECLARED: dict[str, dict[str, str]] = {
     "reference_values": _cols(
         _ID + "quantity:s params:s published:f measured:f source:s location:s quote:s"
     ),
+    # step policy_atlas (studies/combine.py): heads alone per head type of the atlas, and
+    # the heads that break first (heads alone, or the localised scan) with their types
+    "policy_head_types": _cols(
+        _ID + "part:s ranking:s renormalize:b tau:f n:i head_type:s n_heads:i "
+        "mean_delta_nll_rel:f max_delta_nll_rel:f"
+    ),
+    "policy_first_heads": _cols(
+        _ID + "part:s ranking:s renormalize:b n:i rank:i layer:i head:i "
+        "mean_doc_delta_rel:f head_types:s streaming:f streaming_share:f n_heads:i"
+    ),
 }
+# the policies part's restriction tables in a study (``restrict-policies``): the restrict
+# tables under names apart from the restriction part's, which may share a model and corpus
+for _policy, _restrict in (("policy_restrict", "restrict"), ("policy_nstar", "restrict_nstar"),
+                           ("policy_alone", "restrict_alone")):
+    _DECLARED[_policy] = dict(_DECLARED[_restrict])
 
 _MC = ("model", "corpus")
 ROW_KEYS: dict[str, tuple[str, ...]] = {
@@ -186,6 +206,7 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "restrict": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
     "restrict_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
     "restrict_local": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
+    "restrict_alone": (*_MC, "layer", "head", "ranking", "renormalize"),
     "head_scores": (*_MC, "layer", "head", "score"),
     "atlas_contingency": (*_MC, "regime", "head_type"),
     "atlas_kappa": (*_MC, "regime", "head_type"),
@@ -208,6 +229,11 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
+    "policy_restrict": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
+    "policy_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
+    "policy_alone": (*_MC, "layer", "head", "ranking", "renormalize"),
+    "policy_head_types": (*_MC, "part", "ranking", "renormalize", "head_type"),
+    "policy_first_heads": (*_MC, "part", "ranking", "renormalize", "n", "rank"),
 }
 
 # every table, in the order reports and combined study tables list them; a table added

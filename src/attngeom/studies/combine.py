@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from attngeom.names import PROBES
+from attngeom.names import HEAD_TYPES, PROBES
 from attngeom.studies.comparable import (
     differences,
     our_side,
@@ -140,6 +140,129 @@ def regime_stability(comparisons: list[tuple[str, str, str, object]]) -> pd.Data
     } for model, a, b, c in comparisons]
     return pd.DataFrame(rows, columns=["model", "corpus", "other_corpus", "n_heads", "excluded",
                                        "agreement", "kappa", "n_stable", "stable_agreement"])
+
+
+# --------------------------------------------------------------------------- policy atlas
+
+ALL_HEADS, UNTYPED = "all", "untyped"  # policy_head_types rows beside the head types
+STREAMING = "streaming"  # the atlas' head type the window policy is asked about
+FIRST_HEADS = 5  # the heads that break first: this many per ranking
+HEAD_TYPES_COLUMNS = ["model", "corpus", "part", "ranking", "renormalize", "tau", "n",
+                      "head_type", "n_heads", "mean_delta_nll_rel", "max_delta_nll_rel"]
+FIRST_HEADS_COLUMNS = ["model", "corpus", "part", "ranking", "renormalize", "n", "rank",
+                       "layer", "head", "mean_doc_delta_rel", "head_types", "streaming",
+                       "streaming_share", "n_heads"]
+_CELL = ["model", "corpus", "layer", "head"]
+
+
+def atlas_types(head_scores: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per head of the atlas (``head_scores``): the types it is of, comma-joined in the
+    registry's order (``types``), and 1.0 / 0.0 for a streaming head or not (NaN where
+    its streaming score is NaN); with, per (model, corpus), the types the atlas measured
+    (some head has a finite score: an unmeasured type is never "no head of it")."""
+    order = {t: i for i, t in enumerate(HEAD_TYPES.names())}
+    hs = head_scores.drop_duplicates([*_CELL, "score"])  # analyze and atlas may both score
+    hs = hs.assign(order=hs["score"].map(order).fillna(len(order))).sort_values(
+        [*_CELL, "order", "score"], kind="stable")
+    measured = {key: [t for t in dict.fromkeys(g["score"].astype(str))
+                      if g.loc[g["score"] == t, "value"].notna().any()]
+                for key, g in hs.groupby(["model", "corpus"], sort=False)}
+    rows = []
+    for (model, corpus, layer, head), g in hs.groupby(_CELL, sort=False):
+        kinds = [str(t) for t, is_type, value in zip(g["score"], g["is_type"], g["value"],
+                                                     strict=True)
+                 if bool(is_type) and np.isfinite(value)]
+        stream = g.loc[g["score"] == STREAMING, ["is_type", "value"]]
+        flag = (float(bool(stream["is_type"].iloc[0]))
+                if len(stream) and np.isfinite(stream["value"].iloc[0]) else math.nan)
+        rows.append((model, corpus, int(layer), int(head), ",".join(kinds), flag))
+    return pd.DataFrame(rows, columns=[*_CELL, "types", STREAMING]), measured
+
+
+def _joined(alone: pd.DataFrame, types: pd.DataFrame) -> pd.DataFrame:
+    """``alone`` rows of the models and corpora the atlas scored, with each head's types."""
+    return alone.merge(types, on=_CELL, how="inner")
+
+
+def policy_head_types(alone: dict, head_scores: pd.DataFrame) -> pd.DataFrame:
+    """Per head type of the atlas and ranking: how much restricting one head alone at
+    the oracle's N*_tau raises the loss (issue 39, the atlas joined).
+
+    ``alone``: study part -> its heads-alone table (``restrict_alone`` columns: the
+    ``policies`` part's ``policy_alone``, the ``restriction`` part's ``restrict_alone``).
+    For each model and corpus the atlas scored, part, ranking and treatment: per head
+    type the atlas measured, the number of its heads with a delta (``n_heads``: a head
+    at an N below the ranking's fixed part has none) and their mean and largest relative
+    delta-NLL; then ``untyped`` (heads of no measured type) and ``all``. A head of
+    several types counts in each.
+    """
+    if head_scores is None or not len(head_scores):
+        return pd.DataFrame(columns=HEAD_TYPES_COLUMNS)
+    types, measured = atlas_types(head_scores)
+    rows = []
+    for part, table in alone.items():
+        if table is None or not len(table):
+            continue
+        joined = _joined(table, types)
+        keys = ["model", "corpus", "ranking", "renormalize"]
+        for (model, corpus, ranking, renorm), g in joined.groupby(keys, sort=True):
+            of = [set(filter(None, t.split(","))) for t in g["types"]]
+            groups = [(t, [t in o for o in of]) for t in measured.get((model, corpus), [])]
+            groups += [(UNTYPED, [not o for o in of]), (ALL_HEADS, [True] * len(of))]
+            for name, chosen in groups:
+                delta = g.loc[np.asarray(chosen, dtype=bool), "delta_nll_rel"].dropna()
+                rows.append({"model": model, "corpus": corpus, "part": part,
+                             "ranking": ranking, "renormalize": bool(renorm),
+                             "tau": float(g["tau"].iloc[0]), "n": int(g["n"].iloc[0]),
+                             "head_type": name, "n_heads": len(delta),
+                             "mean_delta_nll_rel": float(delta.mean()) if len(delta)
+                             else math.nan,
+                             "max_delta_nll_rel": float(delta.max()) if len(delta)
+                             else math.nan})
+    return pd.DataFrame(rows, columns=HEAD_TYPES_COLUMNS)
+
+
+def policy_first_heads(alone: dict, local: pd.DataFrame | None, head_scores: pd.DataFrame,
+                       first: int = FIRST_HEADS) -> pd.DataFrame:
+    """The heads that break first under each ranking, with their atlas types: are the
+    heads a window breaks the streaming heads?
+
+    Per model and corpus the atlas scored, for each heads-alone table of ``alone`` (study
+    part -> table; ranked by the mean of each window's relative increase, ties to the
+    smaller layer and head) and for the localised scan's head rows (``restrict_local``,
+    part ``local``, its own rank), per ranking, treatment and N: the ``first`` heads of
+    largest increase with their types, ``streaming`` (1 / 0; NaN where the atlas has no
+    streaming score) and ``streaming_share``, the share of streaming heads among the
+    ``n_heads`` heads that part restricted (the base rate the first heads compare with).
+    """
+    if head_scores is None or not len(head_scores):
+        return pd.DataFrame(columns=FIRST_HEADS_COLUMNS)
+    types, _ = atlas_types(head_scores)
+    scored = []
+    for part, table in alone.items():
+        if table is not None and len(table):
+            t = table.dropna(subset=["mean_doc_delta_rel"])
+            t = t.sort_values(["mean_doc_delta_rel", "layer", "head"],
+                              ascending=[False, True, True], kind="stable")
+            t = t.assign(rank=t.groupby(["model", "corpus", "ranking", "renormalize"])
+                         .cumcount() + 1)
+            scored.append((part, t))
+    if local is not None and len(local):
+        scored.append(("local", local[local["scope"] == "head"]))
+    rows = []
+    for part, table in scored:
+        joined = _joined(table, types)
+        keys = ["model", "corpus", "ranking", "renormalize", "n"]
+        for (model, corpus, ranking, renorm, n), g in joined.groupby(keys, sort=True):
+            share = float(g[STREAMING].mean()) if g[STREAMING].notna().all() else math.nan
+            for r in g.sort_values("rank").head(first).itertuples(index=False):
+                rows.append({"model": model, "corpus": corpus, "part": part,
+                             "ranking": ranking, "renormalize": bool(renorm), "n": int(n),
+                             "rank": int(r.rank), "layer": int(r.layer), "head": int(r.head),
+                             "mean_doc_delta_rel": float(r.mean_doc_delta_rel),
+                             "head_types": r.types, STREAMING: float(getattr(r, STREAMING)),
+                             "streaming_share": share, "n_heads": len(g)})
+    return pd.DataFrame(rows, columns=FIRST_HEADS_COLUMNS)
 
 
 # --------------------------------------------------------------------------- references

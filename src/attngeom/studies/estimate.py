@@ -25,8 +25,6 @@ FLOPS = 120e9
 LAYER_CALL_S = 1e-3
 RESTRICTED_LAYER_S = 5e-3
 ROW_KEY_S = 8e-6
-RESTRICTED = ("restrict", "restrict-local", "competition", "competition-qa",
-              "competition-context")
 EXTRA_PER_TAU = 4  # Ns the adaptive search asks beyond the grid per tau (N* - 3 .. N*)
 QA_PROMPT = 160  # tokens of a qa prompt without background (instruction, facts, question)
 
@@ -74,7 +72,7 @@ def cell_forwards(command: str, cfg, shape: dict) -> list[tuple[int, float]]:
         ranking = layers * heads + 1 if "sensitivity" in cfg.rankers else 1
         return [(t, float(cfg.n_eval_windows * (1 + settings * len(cfg.keep_fractions))
                           + cfg.n_rank_windows * ranking))]
-    if command in ("restrict", "restrict-local"):
+    if hasattr(cfg, "scan_n"):  # restrict, restrict-local, restrict-policies
         selections = len(cfg.rankings) * len(cfg.renormalize)
         if cfg.scope != "model":
             targets = layers + min(cfg.scan_top_layers, layers) * heads
@@ -84,8 +82,12 @@ def cell_forwards(command: str, cfg, shape: dict) -> list[tuple[int, float]]:
                      for s in cfg.scopes)
         per = _grid(cfg.n_grid, t) + (EXTRA_PER_TAU * len(cfg.taus)
                                       if cfg.search == "adaptive" else 0)
-        return [(t, float(cfg.n_eval_windows * (1 + selections * scopes * per)))]
-    if command.startswith("competition"):
+        # each head alone at the oracle's N* (--alone-tau): one more pass with the base
+        alone = 0 if cfg.alone_tau is None else 1 + selections * (
+            len(cfg.heads) if cfg.heads is not None
+            else heads * (layers if cfg.layers is None else len(cfg.layers)))
+        return [(t, float(cfg.n_eval_windows * (1 + selections * scopes * per + alone)))]
+    if hasattr(cfg, "probe"):  # competition and its study parts
         return _competition_forwards(cfg, shape)
     return [(t, 1.0)]
 
@@ -102,9 +104,14 @@ def _competition_forwards(cfg, shape: dict) -> list[tuple[int, float]]:
         for b in backgrounds:
             length = b + QA_PROMPT
             per = _powers(cfg.grid_max, length) + EXTRA_PER_TAU * len(cfg.effective_taus)
-            out.append((length, float(cfg.n_episodes * (1 + searches * selections * per))))
+            # the budgets sit on the search's powers of two (shared) unless it is off
+            budgets = 0 if searches else len(cfg.budgets)
+            out.append((length, float(cfg.n_episodes
+                                      * (1 + selections * (searches * per + budgets)))))
         return out
     lengths = cfg.context_lengths(limit)
+    if cfg.probe == "kept":  # one unrestricted forward per document and length
+        return [(length, float(cfg.n_documents)) for length in lengths]
     searches *= 1.5  # the tail and all-token searches share most of their Ns
     return [(length, float(cfg.n_documents * (1 + searches * selections
                                               * (_grid([2 ** k for k in range(20)], length)
@@ -116,7 +123,7 @@ def cell_seconds(command: str, cfg, shape: dict | None) -> float:
     """The cell's estimated seconds (NaN without the model's shape)."""
     if not shape:
         return math.nan
-    restricted = command in RESTRICTED
+    restricted = hasattr(cfg, "rankings")  # an eager, restricted forward
     work = sum(n * forward_seconds(shape, tokens, restricted=restricted)
                for tokens, n in cell_forwards(command, cfg, shape))
     if command in ("analyze", "atlas"):

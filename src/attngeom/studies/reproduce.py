@@ -15,8 +15,11 @@ one report.
    one, one at a time), the same table of every run is written side by side to
    ``DIR/tables/NAME.parquet`` (model and corpus columns), beside the study's own
    tables: ``regime_stability`` (taxonomy between corpora), ``geometry_loss``
-   (Spearman of F_N and the restriction's delta-NLL over N) and ``reference_values``
-   (published numbers beside the measured ones).
+   (Spearman of F_N and the restriction's delta-NLL over N), ``policy_head_types`` and
+   ``policy_first_heads`` (heads restricted alone, and the localised scan, by the atlas'
+   head types) and ``reference_values`` (published numbers beside the measured ones).
+   A part whose tables another part writes too is named apart there (``restrict-
+   policies``: ``policy_restrict``, ``policy_nstar``, ``policy_alone``).
 5. ``DIR/study.json`` records the study, its cells and what each did;
    ``DIR/report/index.html`` is the study report, linking every run's own report.
 """
@@ -173,7 +176,9 @@ def format_plan(study: Study, table, shard: Shard | None = None) -> str:
                      "downloaded when the study runs with the hub reachable"
                      + ("; gated: accept its licence on the hub and log in first" if gated
                         else ""))
-    steps = [s for s in ("cross_corpus", "geometry_vs_loss") if s in study.analyses]
+    from attngeom.studies.study import STEPS
+
+    steps = [s for s in STEPS if s in study.analyses]
     if steps:
         lines.append(f"then: {', '.join(steps)}, the combined tables and the study report"
                      + (" (by the process that finishes the last cell)" if shard else ""))
@@ -451,6 +456,7 @@ def _all_cells(study: Study, out: Path, mine: list[dict]) -> list[dict | None]:
 
 
 def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
+    from attngeom.config import COMMANDS
     from attngeom.engine.compare import compare_runs
     from attngeom.results.io import available_tables, read_table, write_table
     from attngeom.studies import combine, references
@@ -458,8 +464,11 @@ def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
     per_table: dict[str, list] = {}
     for rec in done:
         directory = out / rec["directory"]
+        # a part whose tables another part also writes is named apart (config.CommandSpec)
+        named = dict(COMMANDS[rec["command"]].study_tables)
         for name in available_tables(directory):
-            per_table.setdefault(name, []).append(read_table(directory, name))
+            per_table.setdefault(named.get(name, name), []).append(read_table(directory,
+                                                                              name))
     tables = {name: combine.combine(frames) for name, frames in per_table.items()}
 
     if "cross_corpus" in study.analyses:
@@ -482,6 +491,21 @@ def _study_tables(study: Study, out: Path, done: list[dict]) -> dict:
         g = g[[all((m, x) in pairs for x in c.split("+"))
                for m, c in zip(g["model"], g["corpus"], strict=True)]]
         tables["geometry_loss"] = g.reset_index(drop=True)
+    if "policy_atlas" in study.analyses:
+        pairs = set(itertools.product(*study.filters["policy_atlas"]))
+
+        def kept(df):  # the rows of the step's models and corpora
+            if df is None or not len(df):
+                return df
+            return df[[(m, c) in pairs for m, c in zip(df["model"], df["corpus"],
+                                                       strict=True)]]
+
+        alone = {"policies": kept(tables.get("policy_alone")),
+                 "restriction": kept(tables.get("restrict_alone"))}
+        scores = kept(tables.get("head_scores"))
+        tables["policy_head_types"] = combine.policy_head_types(alone, scores)
+        tables["policy_first_heads"] = combine.policy_first_heads(
+            alone, kept(tables.get("restrict_local")), scores)
     tables["reference_values"] = combine.reference_values(study, tables,
                                                           references.REFERENCES)
     target = out / "tables"

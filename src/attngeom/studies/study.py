@@ -55,7 +55,11 @@ from attngeom.errors import AttngeomError, ConfigError, StudyError
 from attngeom.names import ANALYSES, ANALYSIS_ALIASES
 from attngeom.validate import ModelShape, check_config
 
-STEPS = ("cross_corpus", "geometry_vs_loss")  # computed from the runs' tables
+# computed from the runs' tables (``reproduce._study_tables``, ``studies/combine.py``)
+STEPS = ("cross_corpus", "geometry_vs_loss", "policy_atlas")
+# the parts whose tables policy_atlas joins with the atlas: heads restricted alone (the
+# policies part, or the restriction part with alone_tau), and the localised scan
+_ALONE_PARTS, _LOCAL_PART = ("policies", "restriction"), "local_restriction"
 
 
 def analyze_parts() -> tuple[str, ...]:
@@ -324,6 +328,8 @@ def load_study(path: str | os.PathLike, *, check_models: bool = True) -> Study:
     _check_steps(ck, analyses, filters, sections)
     cells = _cells(ck, analyses, filters, defaults, models, corpora, analyze_section,
                    sections)
+    if "policy_atlas" in analyses:
+        _check_policy_atlas(ck, filters, sections, cells)
     return Study(
         name=str(name), title=str(head.get("title", name)),
         description=str(head.get("description", "")), path=path.resolve(),
@@ -380,6 +386,23 @@ def _check_steps(ck: _Checker, analyses, filters, sections) -> None:
         renorm = sections["geometry_vs_loss"].get("renormalize", False)
         if not isinstance(renorm, bool):
             raise ck.error("expected true or false", "geometry_vs_loss", "renormalize")
+
+
+def _check_policy_atlas(ck: _Checker, filters, sections, cells) -> None:
+    """policy_atlas joins the atlas with heads restricted alone (``alone_tau``) or with
+    the localised scan, on a model and corpus they share."""
+    interventions_ = interventions()
+    atlas = set(_pairs(filters["atlas"])) if "atlas" in filters else set()
+    wanted = set(_pairs(filters["policy_atlas"])) & atlas
+    joined = {(c.model, c.corpus) for c in cells
+              if (c.command == interventions_.get(_LOCAL_PART)
+                  or (c.command in (interventions_.get(p) for p in _ALONE_PARTS)
+                      and getattr(c.config, "alone_tau", None) is not None))}
+    if not wanted & joined:
+        raise ck.error("policy_atlas joins the atlas with heads restricted alone (the "
+                       "policies part, or restriction with alone_tau) or the localised scan "
+                       "(local_restriction): add 'atlas' and one of them on a model and "
+                       "corpus they share", *_given(sections, ("policy_atlas", "atlas")))
 
 
 def _given(sections: dict, analyses) -> tuple[str, ...]:
