@@ -971,6 +971,14 @@ class LocalRestrictConfig(RestrictConfig):
                               "the whole model is restrict's")
 
 
+def _loss_policies() -> tuple[str, ...]:
+    """The oracle and the built-in policies an LM loss can restrict with (not the
+    positional control, not the prefill-only ones): restrict-policies' default."""
+    return (ORACLE, *(r for r in RANKINGS.names() if r != "positional"
+                      and (RANKINGS.meta(r) or {}).get("kind") == "policy"
+                      and not RANKINGS.meta(r).get("prefill_only")))
+
+
 @command("restrict-policies", help="sparse-attention policies against the top-N oracle: "
          "N*, its ratio, each head alone", work="attngeom.engine.loss_runs:Restrict",
          summary="attngeom.report.text:restrict_summary", run_dir="policies", loss=True,
@@ -987,8 +995,7 @@ class PolicyRestrictConfig(RestrictConfig):
     n_grid: tuple[int, ...] = option((16, 32, 64), check=Sizes(),
                                      help="kept entries N per query: the search's first round "
                                      "(at least Quest's page of 16)")
-    rankings: tuple[str, ...] = option(("attention", "window", "h2o", "tova", "quest"),
-                                       check=SubsetOf(RANKINGS),
+    rankings: tuple[str, ...] = option(_loss_policies(), check=SubsetOf(RANKINGS),
                                        help=f"which N keys are kept: {', '.join(RANKINGS)}")
     renormalize: tuple[bool, ...] = option((False,), check=Flags(),
                                            help="renormalise the kept probabilities: true, "

@@ -156,7 +156,7 @@ def test_cli_bad_study_exits_2_with_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, cells, models", [
-    ("demo", 18, 3), ("paper", 9, 3), ("followup", 26, 9),
+    ("demo", 16, 3), ("paper", 9, 3), ("followup", 26, 9),
 ])
 def test_shipped_studies_validate(name, cells, models, capsys):
     assert main(["reproduce", name, "--dry-run"]) == 0
