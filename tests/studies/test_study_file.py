@@ -210,3 +210,14 @@ def test_demo_command_runs_the_demo_study(monkeypatch, tmp_path, capsys):
     assert "summary printed" in capsys.readouterr().out
     makefile = (ROOT / "Makefile").read_text()
     assert "attngeom reproduce studies/demo.toml --out runs/demo" in makefile
+
+
+@pytest.mark.parametrize("name", ["demo", "followup-small"])
+def test_shipped_offline_studies_have_their_documents(name, tmp_path):
+    """Every cell of the offline studies that asks a number of documents (the fixed
+    protocol, the context sweep) finds them in its corpus: the check a run makes before
+    its first model loads (the dry run plans without reading the corpora)."""
+    from attngeom.studies.reproduce import _check_documents
+
+    study = load_study(ROOT / "studies" / f"{name}.toml")
+    _check_documents(study.cells, tmp_path, overwrite=True, progress=False)
