@@ -131,3 +131,16 @@ def test_the_policies_declared_in_names_are_the_policies_registered() -> None:
         assert bool(meta.get("prefill_only")) == policy.prefill_only, name
     assert {n for n in names.RANKINGS if names.RANKINGS.meta(n)["kind"] == "policy"} == {
         *POLICIES, "positional"}
+
+
+def test_every_study_table_name_is_declared_like_its_run_table():
+    """A part's tables renamed in a study (``CommandSpec.study_tables``) have the run
+    table's columns and row keys, so the study's combined tables validate."""
+    from attngeom.config import COMMANDS
+    from attngeom.results.schemas import ROW_KEYS, SCHEMAS, STUDY_NAMES
+
+    renamed = {(study, run) for name in COMMANDS.names()
+               for run, study in COMMANDS[name].study_tables}
+    assert renamed and renamed <= set(STUDY_NAMES)
+    for study, run in renamed:
+        assert SCHEMAS[study] == SCHEMAS[run] and ROW_KEYS[study] == ROW_KEYS[run]

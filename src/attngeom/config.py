@@ -662,7 +662,10 @@ class _Thresholds(Check):
 
 @command("atlas", help="head atlas: the field's head types scored beside the regimes",
          work="attngeom.probes.atlas_command:Atlas",
-         summary="attngeom.report.text:atlas_summary", study="atlas")
+         summary="attngeom.report.text:atlas_summary", study="atlas",
+         # the taxonomy the atlas computes in its own run, apart from analyze's on the
+         # same model and corpus
+         study_tables=(("summary", "atlas_summary"), ("taxonomy", "atlas_taxonomy")))
 @dataclass(frozen=True)
 class AtlasConfig(RunConfig):
     """``attngeom atlas``: previous-token, duplicate-token, induction, echo, sink,

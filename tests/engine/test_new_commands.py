@@ -191,13 +191,18 @@ def test_tiny_study_runs_the_new_parts(tmp_path) -> None:
     study.write_text(textwrap.dedent(f"""
     [study]
     name = "new-parts"
-    analyses = ["atlas", "qa", "local_restriction"]
+    analyses = ["geometry", "taxonomy", "atlas", "qa", "local_restriction"]
 
     [models.stories]
     model = "{STORIES_PATH}"
 
     [corpora.tiny]
     corpus = "{TINYSTORIES_PATH}"
+
+    [analyze]
+    n_windows = 2
+    window_length = 64
+    bootstrap = 0
 
     [atlas]
     n_windows = 2
@@ -224,8 +229,13 @@ def test_tiny_study_runs_the_new_parts(tmp_path) -> None:
     """))
     out = tmp_path / "study"
     assert main(["reproduce", str(study), "--out", str(out), "--quiet"]) == 0
-    for folder in ("atlas", "qa", "restrict-local"):
+    for folder in ("analyze", "atlas", "qa", "restrict-local"):
         assert (out / "runs" / "stories" / "tiny" / folder / "manifest.json").is_file()
+    # analyze and the atlas both write a taxonomy on the same model and corpus: the study
+    # keeps them apart instead of refusing the doubled rows
+    from attngeom.results.io import read_table
+    for name in ("summary", "atlas_summary", "taxonomy", "atlas_taxonomy"):
+        assert len(read_table(out / "tables", name))
     html = (out / "report" / "index.html").read_text(encoding="utf-8")
     assert "Head atlas: heads by regime and head type, across models" in html
     assert "qa: answers and the competence screen" in html

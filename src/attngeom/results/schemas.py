@@ -185,11 +185,14 @@ _DECLARED: dict[str, dict[str, str]] = {
         "mean_doc_delta_rel:f head_types:s streaming:f streaming_share:f n_heads:i"
     ),
 }
-# the policies part's restriction tables in a study (``restrict-policies``): the restrict
-# tables under names apart from the restriction part's, which may share a model and corpus
-for _policy, _restrict in (("policy_restrict", "restrict"), ("policy_nstar", "restrict_nstar"),
-                           ("policy_alone", "restrict_alone")):
-    _DECLARED[_policy] = dict(_DECLARED[_restrict])
+# tables a study part writes under names apart (``config.CommandSpec.study_tables``),
+# because another part writes the originals on the same model and corpus: the policies
+# part's restriction tables (``restrict-policies``) and the atlas' own taxonomy
+STUDY_NAMES = (("policy_restrict", "restrict"), ("policy_nstar", "restrict_nstar"),
+               ("policy_alone", "restrict_alone"), ("atlas_summary", "summary"),
+               ("atlas_taxonomy", "taxonomy"))
+for _study_name, _run_name in STUDY_NAMES:
+    _DECLARED[_study_name] = dict(_DECLARED[_run_name])
 
 _MC = ("model", "corpus")
 ROW_KEYS: dict[str, tuple[str, ...]] = {
@@ -229,12 +232,10 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "regime_stability": (*_MC, "other_corpus"),
     "geometry_loss": (*_MC, "distance", "rule", "variant", "metric", "renormalize"),
     "reference_values": (*_MC, "quantity", "params", "source", "location"),
-    "policy_restrict": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "n"),
-    "policy_nstar": (*_MC, "scope", "layer", "head", "ranking", "renormalize", "tau"),
-    "policy_alone": (*_MC, "layer", "head", "ranking", "renormalize"),
     "policy_head_types": (*_MC, "part", "ranking", "renormalize", "head_type"),
     "policy_first_heads": (*_MC, "part", "ranking", "renormalize", "n", "rank"),
 }
+ROW_KEYS.update((_study_name, ROW_KEYS[_run_name]) for _study_name, _run_name in STUDY_NAMES)
 
 # every table, in the order reports and combined study tables list them; a table added
 # by an extension is one ``SCHEMAS.register(name, columns)`` (with its ``ROW_KEYS``)
