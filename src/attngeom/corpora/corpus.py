@@ -577,6 +577,19 @@ def _finish(docs: Iterable[str], name: str, path: str, digest: str, empty: str,
 # --------------------------------------------------------------------------- public
 
 
+def _read_directory(path: Path, text_column: str, separator: str | None):
+    """(texts of every corpus file in ``path``, in name order; the folder's digest: each
+    file's name and SHA-256)."""
+    files = sorted((p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                    and p.suffix.lower() in SUFFIXES), key=lambda p: p.name)
+    if not files:
+        raise CorpusError(f"corpus directory {path} holds no {', '.join(SUFFIXES)} file")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\t{_sha256_file(f)}\n".encode())
+    return (t for f in files for t in _read_file(f, text_column, separator)), h.hexdigest()
+
+
 def read_documents(
     spec: str,
     *,
@@ -639,20 +652,7 @@ def read_documents(
         )
 
     if path.is_dir():
-        files = sorted(
-            (p for p in path.iterdir()
-             if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SUFFIXES),
-            key=lambda p: p.name,
-        )
-        if not files:
-            raise CorpusError(
-                f"corpus directory {path} holds no {', '.join(SUFFIXES)} file"
-            )
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f"{f.name}\t{_sha256_file(f)}\n".encode())
-        digest = h.hexdigest()
-        texts = (t for f in files for t in _read_file(f, text_column, separator))
+        texts, digest = _read_directory(path, text_column, separator)
         name = path.name
     else:
         texts = _read_file(path, text_column, separator)
