@@ -204,6 +204,33 @@ def inspect_model(name_or_path: str | os.PathLike) -> dict | None:
     (offline and not cached). A missing local path is a ``ModelError``.
     """
     src = resolve_source(name_or_path)
+    key = _file_key(src)
+    if key is not None and key in _SHAPES:
+        return dict(_SHAPES[key])
+    shape = _inspect(src)
+    if key is not None:
+        _SHAPES[key] = dict(shape)
+    return shape
+
+
+# shapes read from local files, by (file, size, mtime): a GGUF file's configuration is
+# parsed from its whole header (the tokenizer's vocabulary too, seconds for a 49k-token
+# one), and a study asks it of every cell before any weight is read
+_SHAPES: dict[tuple, dict] = {}
+
+
+def _file_key(src: ModelSource) -> tuple | None:
+    if not src.local:
+        return None
+    path = src.gguf_path or Path(src.source) / "config.json"
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
+
+
+def _inspect(src: ModelSource) -> dict:
     import transformers
 
     try:
