@@ -409,7 +409,8 @@ def load_model(
             if _is_causal_config(config)
             else transformers.AutoModel
         )
-        kwargs = {"dtype": torch_dtype, **src.kwargs()}
+        # the configuration read once (a GGUF file's is parsed from its whole header)
+        kwargs = {"dtype": torch_dtype, "config": config, **src.kwargs()}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
         if device_map is not None:
