@@ -294,10 +294,19 @@ def policy_study_tables() -> dict[str, pd.DataFrame]:
     scores = pd.concat([scores, streaming], ignore_index=True).assign(**where)
     local = local_tables()["restrict_local"].assign(ranking="window", **where)
     parts = {"policies": alone}
-    budget = [{**where, "background": b, "ranking": ranking, "mode": "deletion", "n": n,
-               "accuracy": (0.9 if ranking == "attention" else 0.3 + n / 512) - b / 5000,
-               "delta_loss": (0.05 if ranking == "attention" else 1.2 - n / 256) + b / 8000}
-              for b in (0, 1024) for ranking in ("attention", "window") for n in (16, 64, 256)]
+    def budget_row(b, ranking, n):
+        acc = (0.9 if ranking == "attention" else 0.3 + n / 512) - b / 5000
+        loss = (0.05 if ranking == "attention" else 1.2 - n / 256) + b / 8000
+        return {**where, "background": b, "ranking": ranking, "mode": "deletion", "n": n,
+                "budget": n in (16, 64, 256), "nstar_taus": "" if n != 40 else "0.1",
+                "n_examples": 20, "accuracy": acc, "accuracy_low": acc - 0.1,
+                "accuracy_high": acc + 0.1, "delta_loss": loss, "delta_low": loss - 0.05,
+                "delta_high": loss + 0.05, "support_recall": min(1.0, n / 300),
+                "recall_low": 0.0, "recall_high": 1.0}
+
+    # the probe's budgets, and an N* row (budget false) the report leaves out
+    budget = [budget_row(b, ranking, n) for b in (0, 1024) for ranking in ("attention", "window")
+              for n in (16, 40, 64, 256)]
     return {"policy_nstar": _checked("policy_nstar", nstar),
             "policy_alone": _checked("policy_alone", alone),
             "head_scores": _checked("head_scores", scores),
