@@ -147,3 +147,19 @@ def test_html_escapes_manifest_text(tmp_path, write_run):
     (run / "manifest.json").write_text(json.dumps(manifest))
     html = build_report(run).read_text(encoding="utf-8")
     assert "<img src=x" not in html and "&lt;img src=x" in html
+
+
+def test_label_stability_without_replicates_says_not_measured():
+    """bootstrap 0 leaves every stability NaN: the finding says why, never '0 of 0'."""
+    import pandas as pd
+
+    from attngeom.report.findings import taxonomy_findings
+
+    tax = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "regime": ["Mixer", "Reset"],
+                        "regime_rule": ["single", "single"], "stability": [float("nan")] * 2,
+                        "f_self": [0.1, 0.2], "f_sink": [0.5, 0.6], "f_other": [0.4, 0.2]})
+    found = taxonomy_findings(tax)
+    assert any("Label stability" in f and "not measured" in f for f in found)
+    assert not any("0 of 0" in f for f in found)
+    tax["stability"] = [0.9, 0.5]
+    assert any("1 of 2 labels are unstable" in f for f in taxonomy_findings(tax))

@@ -179,9 +179,13 @@ def taxonomy_findings(taxonomy, model_label: str = "") -> list[str]:
     if "stability" in taxonomy.columns:
         stab = taxonomy["stability"].astype(float)
         rule = taxonomy["regime_rule"].iloc[0] if "regime_rule" in taxonomy else "single"
-        out.append(f"{model_label}Label stability (window bootstrap, {rule}-source rule): "
-                   f"median {fmt(stab.median())}; {int((stab < STABLE).sum())} of "
-                   f"{int(stab.notna().sum())} labels are unstable (< {fmt(STABLE)}).")
+        head = f"{model_label}Label stability (window bootstrap, {rule}-source rule): "
+        if stab.notna().any():
+            out.append(f"{head}median {fmt(stab.median())}; {int((stab < STABLE).sum())} of "
+                       f"{int(stab.notna().sum())} labels are unstable (< {fmt(STABLE)}).")
+        else:  # --bootstrap 0, or one window: no replicate to relabel
+            out.append(f"{head}not measured (no window-bootstrap replicates: bootstrap 0 "
+                       "or a single window).")
     means = taxonomy.groupby(taxonomy["regime"].astype(str))[["f_self", "f_sink", "f_other"]]
     means = means.mean()
     if MIXER in means.index:
