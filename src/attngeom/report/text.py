@@ -57,9 +57,11 @@ def caveats(res) -> list[str]:
         out.append(f"warning: {n} windows analysed, {asked} asked for: the corpus gives no "
                    "more at this window length")
     if n is not None and n < FEW_WINDOWS and config.get("bootstrap", 0):
-        out.append(f"caveat: only {n} window{'s' if n != 1 else ''}: the window-bootstrap "
-                   "intervals and label stabilities resample these few windows and are not "
-                   "reliable 95% intervals")
+        what = ("the window-bootstrap intervals and label stabilities"
+                if res.manifest.get("command") in ("analyze", "atlas")
+                else "the bootstrap intervals (of N* and its ratio)")
+        out.append(f"caveat: only {n} window{'s' if n != 1 else ''}: {what} resample these "
+                   "few windows and are not reliable 95% intervals")
     return out
 
 
