@@ -497,7 +497,8 @@ def study_checks(tables, presets: dict, corpora: dict) -> list:
               every_key=("model", "corpus", "scoring", "ranking", "mode", "tau")),
         _ReferenceTable(presets, corpora),
         _Unmeasured(presets, corpora),
-        Cells(r"^Localised restriction: the most sensitive layer and head per model$",
+        Cells(r"^Localised restriction: the most sensitive layer and head per model "
+              r"\(head -1: the layer scope, every head of the layer restricted\)$",
               "restrict_local", {**_MC, "scope": ("scope", None), "ranking": ("ranking", None),
                                  "renormalize": ("renormalize", None), "n": ("n", None)},
               _as_itself, where=lambda df, m: df[df["rank"] == 1],

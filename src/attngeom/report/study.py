@@ -553,7 +553,8 @@ def new_part_tables(tables: dict, record: dict) -> list[tuple[str, pd.DataFrame]
     lo = tables.get("restrict_local")
     if lo is not None and len(lo):
         top = lo[lo["rank"] == 1]
-        out.append(("Localised restriction: the most sensitive layer and head per model",
+        out.append(("Localised restriction: the most sensitive layer and head per model "
+                    "(head -1: the layer scope, every head of the layer restricted)",
                     top.set_index(["model", "corpus", "scope", "ranking", "renormalize",
                                    "n"])[["layer", "head", "mean_doc_delta_rel"]]))
     return out
