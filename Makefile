@@ -14,7 +14,7 @@ PYTEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install browser bench bench-memory bench-real clean
+.PHONY: demo test lint install browser bench bench-memory bench-real bench-probes clean
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,9 @@ bench-memory: install
 
 bench-real: install
 	$(BIN)/python benchmarks/bench_real.py --json benchmarks/results-real-cpu.json
+
+bench-probes: install
+	$(BIN)/python benchmarks/bench_probes.py --json benchmarks/results-probes-cpu.json
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache .hypothesis

@@ -372,8 +372,9 @@ def restrict(g: Group):
     return Plot(
         "Top-N restriction of attention",
         "Relative change in NLL when every query keeps only its N highest-ranked keys, one "
-        "panel per ranking (attention weight, contribution alpha ||v||, or a seeded random "
-        "order), deleted (the rest set to zero) or renormalised; diamonds mark the "
+        "panel per ranking (attention weight, contribution alpha ||v||, a seeded random "
+        "order, or the keys a sparse-attention policy keeps), deleted (the rest set to zero) "
+        "or renormalised; diamonds mark the "
         "effective set size N*_tau at height tau.",
         ("restrict",) + (("restrict_nstar",) if nstar is not None else ()), draw)
 

@@ -264,8 +264,8 @@ STUDY_FIGURES = (
      "each ranker's order (random: mean over seeds)."),
     ("study-restrict", "Top-N restriction", "restrict", fig_study_restrict,
      "Relative delta-NLL when every head keeps only its N top-ranked keys (attention, "
-     "contribution alpha ||v|| or random), deleted or renormalised, at every N the "
-     "adaptive N* search tried."),
+     "contribution alpha ||v||, random, or a sparse-attention policy's keys), deleted or "
+     "renormalised, at every N the adaptive N* search tried."),
     ("study-policy-types", "Sparse-attention policies by head type", "policy_head_types",
      fig_study_policy_types,
      "Mean relative delta-NLL of restricting one head alone, under each ranking, at the "
