@@ -159,6 +159,15 @@ def test_bad_input_is_one_line_naming_the_range(stories, run_dir, tmp_path):
     # a run without a taxonomy (prune, restrict, ...): the regime from the captured rows
     view = inspect(model, run=notax, layer=0, head=0, tokenizer=tokenizer, figure=False)
     assert view.regime.get("regime")
+    # an intervention's config counts its windows as n_eval_windows, not n_windows: the
+    # corpus record says how many it read
+    restricted = tmp_path / "restricted"
+    restricted.mkdir()
+    config = {k: v for k, v in manifest["config"].items() if k != "n_windows"}
+    (restricted / "manifest.json").write_text(json.dumps(
+        {**manifest, "command": "restrict", "config": {**config, "n_eval_windows": 3}}))
+    view = inspect(model, run=restricted, layer=0, head=0, tokenizer=tokenizer, figure=False)
+    assert view.regime.get("regime")
     # a run that read no window (a competition probe) names the runs that have them
     probe = tmp_path / "probe"
     probe.mkdir()

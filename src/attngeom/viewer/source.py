@@ -27,7 +27,9 @@ import torch
 from attngeom.errors import ConfigError, RunDirError
 
 # the manifest's config keys the viewer needs to cut a run's windows again
-RUN_KEYS = ("model", "corpus", "window_length", "start_window", "n_windows")
+# what a run's manifest config must hold to cut its windows again (how many it read is
+# the manifest's corpus record: analyze's n_windows, the interventions' n_eval_windows)
+RUN_KEYS = ("model", "corpus", "window_length", "start_window")
 _WINDOW_KEYS = ("n_windows", "query_mode")
 
 
