@@ -19,6 +19,7 @@ from attngeom.interventions.nstar import (
     search_nstar,
     search_rounds,
 )
+from attngeom.names import STEPS
 
 TAUS = (0.01, 0.05, 0.10)
 
@@ -206,8 +207,6 @@ def test_bootstrap_interval_brackets_the_estimate():
 
 
 # --- the interpolating step: exact where monotone, fewer evaluations on power laws ---
-
-STEPS = ("interpolate", "bisect")
 
 
 @settings(max_examples=80, deadline=None)

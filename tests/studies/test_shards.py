@@ -339,7 +339,7 @@ def _copy(one: Path, tmp_path: Path, *drop: str) -> Path:
 @pytest.mark.slow
 def test_two_shares_started_together_write_the_tables_and_report_of_one(study_file,
                                                                          one_process, tmp_path):
-    out = tmp_path / "shared"
+    out = tmp_path / "together"
     procs = [_cli(str(study_file), "--out", str(out), "--shard", f"{k}/2") for k in (1, 2)]
     outputs = [p.communicate(timeout=600) for p in procs]
     for p, (_, stderr) in zip(procs, outputs, strict=True):

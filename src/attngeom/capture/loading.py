@@ -30,14 +30,10 @@ from pathlib import Path
 import torch
 
 from attngeom.errors import ConfigError, ModelError
-from attngeom.names import QUANTIZATIONS
+from attngeom.names import DTYPES, QUANTIZATIONS
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
+# the torch dtype of each name ``--dtype`` takes (``names.DTYPES`` declares them)
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 # Encoders whose config class also maps to a causal-LM head in transformers
 # (e.g. BertLMHeadModel); used only when a config lists no architectures.
@@ -49,10 +45,10 @@ _ENCODER_MODEL_TYPES = (
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``"float32"`` / ``torch.float32`` -> ``torch.float32``; ``ConfigError`` otherwise."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+    if isinstance(dtype, torch.dtype) and dtype in TORCH_DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
+        return TORCH_DTYPES[dtype]
     raise ConfigError(f"expected dtype in {sorted(DTYPES)}, got {dtype!r}")
 
 

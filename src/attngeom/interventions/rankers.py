@@ -67,7 +67,7 @@ DEFAULT_ORDER = RANKER_REGIMES
 ALL_ORDERS = tuple(itertools.permutations(RANKER_REGIMES))
 NO_ORDER = "-"  # the ``order`` column of rankers that have no regime order
 NO_SEED = -1  # the ``seed`` column of rankers that use no randomness
-TAXONOMY_COLUMNS = ("layer", "head", "regime", "mean_output_norm")
+READ_COLUMNS = ("layer", "head", "regime", "mean_output_norm")  # of the taxonomy table
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,9 @@ def check_taxonomy_table(table: Any, num_layers: int, num_heads: int) -> None:
 
     if not isinstance(table, pd.DataFrame):
         raise ConfigError(f"taxonomy: expected a pandas DataFrame, got {type(table).__name__}")
-    missing = [c for c in TAXONOMY_COLUMNS if c not in table.columns]
+    missing = [c for c in READ_COLUMNS if c not in table.columns]
     if missing:
-        raise ConfigError(f"taxonomy: expected columns {list(TAXONOMY_COLUMNS)}, missing {missing}")
+        raise ConfigError(f"taxonomy: expected columns {list(READ_COLUMNS)}, missing {missing}")
     pairs = list(zip(table["layer"].astype(int), table["head"].astype(int), strict=True))
     expected = {(l, h) for l in range(num_layers) for h in range(num_heads)}
     if len(pairs) != len(set(pairs)) or set(pairs) != expected:

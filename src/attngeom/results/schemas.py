@@ -22,7 +22,6 @@ from attngeom.errors import ConfigError, RunDirError
 from attngeom.registry import Registry
 
 STRING, INT, FLOAT, BOOL = "string", "int64", "float64", "bool"
-DTYPES = (STRING, INT, FLOAT, BOOL)
 
 
 def _cols(spec: str) -> dict[str, str]:

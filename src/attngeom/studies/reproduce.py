@@ -176,9 +176,9 @@ def format_plan(study: Study, table, shard: Shard | None = None) -> str:
                      "downloaded when the study runs with the hub reachable"
                      + ("; gated: accept its licence on the hub and log in first" if gated
                         else ""))
-    from attngeom.studies.study import STEPS
+    from attngeom.studies.study import STUDY_STEPS
 
-    steps = [s for s in STEPS if s in study.analyses]
+    steps = [s for s in STUDY_STEPS if s in study.analyses]
     if steps:
         lines.append(f"then: {', '.join(steps)}, the combined tables and the study report"
                      + (" (by the process that finishes the last cell)" if shard else ""))

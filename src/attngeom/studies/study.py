@@ -56,7 +56,7 @@ from attngeom.names import ANALYSES, ANALYSIS_ALIASES
 from attngeom.validate import ModelShape, check_config
 
 # computed from the runs' tables (``reproduce._study_tables``, ``studies/combine.py``)
-STEPS = ("cross_corpus", "geometry_vs_loss", "policy_atlas")
+STUDY_STEPS = ("cross_corpus", "geometry_vs_loss", "policy_atlas")
 # the parts whose tables policy_atlas joins with the atlas: heads restricted alone (the
 # policies part, or the restriction part with alone_tau), and the localised scan
 _ALONE_PARTS, _LOCAL_PART = ("policies", "restriction"), "local_restriction"
@@ -77,7 +77,7 @@ def interventions() -> dict[str, str]:
 
 def study_analyses() -> tuple[str, ...]:
     """Every name ``study.analyses`` accepts (aliases aside)."""
-    return (*analyze_parts(), *interventions(), *STEPS)
+    return (*analyze_parts(), *interventions(), *STUDY_STEPS)
 
 
 def canonical(name: str) -> str:
